@@ -1,0 +1,67 @@
+"""RAGEN's text-environment interface.
+
+An environment is reset with a seed and stepped with one action; it returns
+``(observation: str, reward: float, done: bool, info: dict)``. ``info`` carries at
+least ``success``, ``action_is_valid`` and ``action_is_effective``. The same seed must
+give the same episode on any machine. A RAGEN environment class drops in unchanged:
+the rollout layer only calls ``reset``, ``step``, ``render``, ``close`` and reads
+``ACTION_LOOKUP`` / ``get_all_actions`` / ``instruction`` when present.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, Dict, List, Tuple
+
+StepResult = Tuple[Any, float, bool, Dict[str, Any]]
+
+
+class BaseEnv(ABC):
+    """Base of every environment (RAGEN ``ragen.env.base.BaseEnv``)."""
+
+    def __init__(self, config: Any = None, **kwargs: Any) -> None:
+        self.config = config
+
+    @abstractmethod
+    def reset(self, seed: int | None = None, mode: str | None = None) -> Any:
+        """Start an episode; the same ``seed`` gives the same episode. Returns the rendered observation."""
+
+    @abstractmethod
+    def step(self, action: Any) -> StepResult:
+        """Apply one action. Invalid actions are a no-op with a penalty, never an exception."""
+
+    def render(self, mode: str = "text") -> Any:
+        """Text of the current state."""
+        return None
+
+    def compute_reward(self, action: Any, **kwargs: Any) -> float:
+        return 0.0
+
+    def close(self) -> None:
+        """Release resources."""
+
+
+class BaseDiscreteActionEnv(BaseEnv, ABC):
+    """Environments with a small discrete action set (Sokoban, FrozenLake).
+
+    ``ACTION_LOOKUP`` maps RAGEN's action ids (1..n; 0 is the invalid action) to names.
+    """
+
+    GRID_LOOKUP: Dict[int, str] = {}
+    ACTION_LOOKUP: Dict[int, str] = {}
+    INVALID_ACTION = 0
+
+    @abstractmethod
+    def step(self, action: Any) -> StepResult:
+        ...
+
+    @abstractmethod
+    def get_all_actions(self) -> List[int]:
+        """Ids of all valid actions."""
+
+
+class BaseLanguageBasedEnv(BaseEnv, ABC):
+    """Environments whose action is free text (WebShop's ``search[...]`` / ``click[...]``)."""
+
+    @abstractmethod
+    def step(self, action: str) -> StepResult:
+        ...

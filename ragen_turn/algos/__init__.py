@@ -1,0 +1,45 @@
+"""The algorithm core: pure torch, no engine or environment imports.
+
+- :mod:`.turns`: response mask -> turn ids, turn boundaries, gather/scatter per turn.
+- :mod:`.advantages`: ``grpo``, ``token_gae``, ``turn_gae``, ``bi_level_gae`` (registry by name).
+- :mod:`.losses`: ``token_ppo``, ``turn_ppo``, ``turn_ppo_geo``, ``turn_is``, ``s_ppo``, ``st_ppo``
+  (registry by name, verl's argument order), ``value_loss``, ``kl_penalty``.
+"""
+from .advantages import (
+    ADV_ESTIMATOR_REGISTRY,
+    compute_bi_level_gae,
+    compute_grpo_advantages,
+    compute_token_gae,
+    compute_turn_gae,
+    discounted_reverse_cumsum,
+    get_adv_estimator_fn,
+    masked_whiten,
+    register_adv_est,
+)
+from .losses import (
+    POLICY_LOSS_REGISTRY,
+    PPOTerms,
+    clip_bias_scale,
+    explained_variance,
+    get_policy_loss_fn,
+    kl_penalty,
+    masked_mean,
+    policy_loss,
+    register_policy_loss,
+    value_loss,
+)
+from .turns import (
+    check_turn_ids,
+    gather_turns,
+    num_turns,
+    place_turn_rewards,
+    scatter_turns,
+    state_positions,
+    turn_boundaries,
+    turn_ids_from_mask,
+    turn_mask_from_ids,
+    turn_sums,
+    turn_token_counts,
+)
+
+__all__ = [name for name in dir() if not name.startswith("_")]

@@ -1,0 +1,287 @@
+"""Advantage estimators: GRPO, token-level GAE, turn-level GAE (Turn-PPO), RAGEN's bi-level GAE.
+
+Registered by name like verl's ``register_adv_est`` / ``get_adv_estimator_fn``. All functions are
+pure, run under ``torch.no_grad`` and are vectorised over the batch; recurrences over time are
+done with a blocked discounted reverse cumulative sum (matrix products), not a Python loop over
+tokens. Shapes: ``B`` rows, ``T`` tokens, ``H`` turns.
+"""
+from __future__ import annotations
+
+from typing import Callable, Dict
+
+import torch
+
+from .checks import check_finite, check_mask, check_ndim, check_same_shape, check_unit_interval
+from .turns import (
+    compact_rows,
+    place_turn_rewards,
+    turn_boundaries,
+    turn_ids_from_mask,
+    turn_mask_from_ids,
+    uncompact_rows,
+)
+
+ADV_ESTIMATOR_REGISTRY: Dict[str, Callable] = {}
+
+
+def register_adv_est(name: str) -> Callable[[Callable], Callable]:
+    """Decorator: register an advantage estimator under ``name``."""
+
+    def wrap(fn: Callable) -> Callable:
+        if name in ADV_ESTIMATOR_REGISTRY and ADV_ESTIMATOR_REGISTRY[name] is not fn:
+            raise ValueError(f"advantage estimator {name!r} is already registered")
+        ADV_ESTIMATOR_REGISTRY[name] = fn
+        return fn
+
+    return wrap
+
+
+def get_adv_estimator_fn(name: str) -> Callable:
+    if name not in ADV_ESTIMATOR_REGISTRY:
+        raise ValueError(f"unknown advantage estimator {name!r}; known: {sorted(ADV_ESTIMATOR_REGISTRY)}")
+    return ADV_ESTIMATOR_REGISTRY[name]
+
+
+# --------------------------------------------------------------------------------------------
+# the one recurrence: A_k = x_k + discount * A_{k+1}
+# --------------------------------------------------------------------------------------------
+def discounted_reverse_cumsum(x: torch.Tensor, discount: float, block: int = 64) -> torch.Tensor:
+    """``out[..., k] = sum_{j >= k} discount**(j-k) * x[..., j]`` along the last dim.
+
+    Blocked: within blocks of ``block`` entries a triangular matrix of powers, across blocks a
+    second (small) matrix, so the cost is two matmuls and no loop over positions. Powers that
+    underflow are true zeros of the sum's weights.
+
+    Args:
+        x: ``[..., N]`` float.
+    Returns:
+        ``[..., N]`` same dtype as ``x``.
+    """
+    N = x.shape[-1]
+    if N == 0:
+        return x.clone()
+    dtype = x.dtype
+    work = torch.float64 if dtype == torch.float64 else torch.float32
+    xw = x.to(work)
+    C = min(block, N)
+    nC = -(-N // C)
+    pad = nC * C - N
+    if pad:
+        xw = torch.nn.functional.pad(xw, (0, pad))
+    xb = xw.reshape(*xw.shape[:-1], nC, C)  # [..., nC, C]
+    d = torch.tensor(float(discount), dtype=work, device=x.device)
+    k = torch.arange(C, device=x.device)
+    gap = (k[None, :] - k[:, None]).to(work)  # [C(k), C(j)] = j - k
+    W = torch.where(gap >= 0, d ** gap.clamp(min=0), torch.zeros((), dtype=work, device=x.device))
+    local = xb @ W.transpose(0, 1)  # [..., nC, C]: sum within the block from k to its end
+    # value at the first entry of each block, carried from all later blocks
+    firsts = local[..., 0]  # [..., nC]
+    c = torch.arange(nC, device=x.device)
+    cgap = (c[None, :] - c[:, None]).to(work)
+    Wc = torch.where(cgap >= 0, d ** (C * cgap.clamp(min=0)), torch.zeros((), dtype=work, device=x.device))
+    carried_firsts = firsts @ Wc.transpose(0, 1)  # [..., nC]: full sum from each block's first entry
+    nxt = torch.nn.functional.pad(carried_firsts[..., 1:], (0, 1))  # full sum from the next block's start
+    tail_w = d ** (C - k).to(work)  # [C]: discount from position k to the next block's start
+    out = local + nxt[..., None] * tail_w
+    out = out.reshape(*xw.shape)[..., :N]
+    return out.to(dtype)
+
+
+def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8, shift_mean: bool = True) -> torch.Tensor:
+    """Normalise ``x`` to zero mean / unit variance over the entries where ``mask`` is 1.
+
+    Args:
+        x, mask: same shape. Returns the same shape; entries off the mask are 0.
+    """
+    m = mask.to(x.dtype)
+    n = m.sum()
+    if n < 2:
+        return x * m
+    mean = (x * m).sum() / n
+    var = (((x - mean) ** 2) * m).sum() / (n - 1)
+    out = (x - mean) * torch.rsqrt(var + eps)
+    if not shift_mean:
+        out = out + mean
+    return out * m
+
+
+# --------------------------------------------------------------------------------------------
+# GRPO
+# --------------------------------------------------------------------------------------------
+@register_adv_est("grpo")
+@torch.no_grad()
+def compute_grpo_advantages(scores: torch.Tensor, group_ids: torch.Tensor, norm_by_std: bool = True,
+                            eps: float = 1e-6) -> torch.Tensor:
+    """Group-relative advantage of each episode (RAGEN / verl GRPO).
+
+    ``A_i = (R_i - mean_g) / (std_g + eps)`` over the rollouts of i's group (unbiased std), or
+    ``R_i - mean_g`` when ``norm_by_std`` is False. A group of one rollout gets A = 0 (no baseline
+    can be formed from itself).
+
+    Args:
+        scores: ``[B]`` episode returns; group_ids: ``[B]`` int (rollouts of the same env seed).
+    Returns:
+        adv: ``[B]`` float.
+    """
+    check_ndim("scores", scores, 1)
+    check_ndim("group_ids", group_ids, 1)
+    check_same_shape(scores=scores, group_ids=group_ids)
+    check_finite("scores", scores)
+    s = scores.float()
+    _, inv = torch.unique(group_ids, return_inverse=True)
+    G = int(inv.max()) + 1 if inv.numel() else 0
+    count = torch.zeros(G, device=s.device).scatter_add(0, inv, torch.ones_like(s))
+    mean = torch.zeros(G, device=s.device).scatter_add(0, inv, s) / count
+    dev = s - mean[inv]
+    var = torch.zeros(G, device=s.device).scatter_add(0, inv, dev**2) / (count - 1).clamp(min=1)
+    if norm_by_std:
+        denom = var.sqrt()[inv] + eps
+        adv = torch.where(denom > 0, dev / denom.clamp(min=1e-30), torch.zeros_like(dev))
+    else:
+        adv = dev
+    return torch.where(count[inv] > 1, adv, torch.zeros_like(adv))
+
+
+# --------------------------------------------------------------------------------------------
+# token-level GAE over the response tokens of a multi-turn episode
+# --------------------------------------------------------------------------------------------
+@register_adv_est("token_gae")
+@torch.no_grad()
+def compute_token_gae(token_rewards: torch.Tensor, values: torch.Tensor, response_mask: torch.Tensor,
+                      gamma: float, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token-level GAE that skips environment tokens (RAGEN's multi-turn PPO baseline).
+
+    ``delta_t = r_t + gamma * V_next - V_t`` where ``V_next`` is the value at the next *response*
+    token of the row (environment tokens in between are skipped) and 0 after the last one;
+    ``A_t = delta_t + gamma * lam * A_next``; ``returns = A + V``.
+
+    Args:
+        token_rewards: ``[B, T]`` (0 off the response; r_h sits on the last token of turn h).
+        values: ``[B, T]`` critic values V_t (read where ``response_mask`` is 1).
+        response_mask: ``[B, T]`` 0/1.
+    Returns:
+        advantages, returns: ``[B, T]``, 0 off the response.
+    """
+    _check_gae_inputs(token_rewards=token_rewards, values=values, response_mask=response_mask, gamma=gamma,
+                      lam=lam)
+    mask = response_mask.float()
+    if ((token_rewards != 0) & ~response_mask.bool()).any():
+        raise ValueError("token_rewards is non-zero on a token where response_mask is 0 (that reward would be lost)")
+    r, pmask, rank = compact_rows(token_rewards.float(), mask)
+    v, _, _ = compact_rows(values.float(), mask)
+    v_next = torch.nn.functional.pad(v[:, 1:], (0, 1)) * torch.nn.functional.pad(pmask[:, 1:], (0, 1))
+    delta = (r + gamma * v_next - v) * pmask
+    adv = discounted_reverse_cumsum(delta, gamma * lam) * pmask
+    advantages = uncompact_rows(adv, mask, rank)
+    returns = (advantages + values.float()) * mask
+    return advantages, returns
+
+
+# --------------------------------------------------------------------------------------------
+# turn-level GAE (Turn-PPO)
+# --------------------------------------------------------------------------------------------
+@register_adv_est("turn_gae")
+@torch.no_grad()
+def compute_turn_gae(turn_rewards: torch.Tensor, turn_values: torch.Tensor, turn_mask: torch.Tensor,
+                     gamma: float, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Turn-level GAE over the turn-MDP (Turn-PPO).
+
+    ``delta_h = r_h + gamma * V(s_{h+1}) * (1 - done_h) - V(s_h)``, with done after the row's last
+    turn; ``A_h = sum_l (gamma*lam)^l delta_{h+l}``; ``return_h = A_h + V(s_h)``.
+
+    Args:
+        turn_rewards: ``[B, H]`` r_h; turn_values: ``[B, H]`` V(s_h); turn_mask: ``[B, H]`` 0/1,
+            a prefix of 1s per row (turns 0..n_b-1).
+    Returns:
+        advantages, returns: ``[B, H]``, 0 where ``turn_mask`` is 0.
+    """
+    _check_gae_inputs(turn_rewards=turn_rewards, turn_values=turn_values, turn_mask=turn_mask, gamma=gamma,
+                      lam=lam)
+    m = turn_mask.float()
+    if (m[:, 1:] > m[:, :-1]).any():
+        raise ValueError("turn_mask must be a prefix of 1s in each row (no gap between turns)")
+    v = turn_values.float() * m
+    v_next = torch.nn.functional.pad(v[:, 1:], (0, 1))  # 0 after the last turn: done
+    delta = (turn_rewards.float() + gamma * v_next - v) * m
+    adv = discounted_reverse_cumsum(delta, gamma * lam) * m
+    return adv, (adv + v) * m
+
+
+# --------------------------------------------------------------------------------------------
+# RAGEN's bi-level GAE (baseline)
+# --------------------------------------------------------------------------------------------
+@register_adv_est("bi_level_gae")
+@torch.no_grad()
+def compute_bi_level_gae(turn_rewards: torch.Tensor, values: torch.Tensor, response_mask: torch.Tensor,
+                         gamma: float, lam: float, high_level_gamma: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """RAGEN's two-level GAE: turn-level GAE between turns, token-level GAE inside each turn.
+
+    High level: values are read at the *last* token of each turn, GAE across turns with
+    ``high_level_gamma`` and ``lam`` gives a return R_h per turn. Low level: inside turn h, a
+    token GAE with ``gamma`` and ``lam`` whose only reward is R_h on the turn's last token and
+    which does not bootstrap past the turn's end.
+
+    Args:
+        turn_rewards: ``[B, H]``; values: ``[B, T]``; response_mask: ``[B, T]``.
+    Returns:
+        advantages, returns: ``[B, T]``, 0 off the response.
+    """
+    _check_gae_inputs(values=values, response_mask=response_mask, gamma=gamma, lam=lam)
+    check_unit_interval("high_level_gamma", high_level_gamma)
+    turn_ids = turn_ids_from_mask(response_mask)
+    H = turn_rewards.shape[1]
+    tmask = turn_mask_from_ids(turn_ids, H)
+    _, ends = turn_boundaries(turn_ids, H)
+    v_end = values.float().gather(1, ends) * tmask
+    _, high_returns = compute_turn_gae(turn_rewards, v_end, tmask, high_level_gamma, lam)
+    # Low level: lay each turn's tokens out as its own row [B*H, L] and run plain GAE there.
+    token_rewards = place_turn_rewards(high_returns, turn_ids)
+    rows_r, rows_v, rows_m, back = _turn_rows(turn_ids, H, token_rewards.float(), values.float())
+    v_next = torch.nn.functional.pad(rows_v[:, 1:], (0, 1)) * torch.nn.functional.pad(rows_m[:, 1:], (0, 1))
+    delta = (rows_r + gamma * v_next - rows_v) * rows_m
+    adv_rows = discounted_reverse_cumsum(delta, gamma * lam) * rows_m
+    advantages = back(adv_rows)
+    mask = response_mask.float()
+    return advantages * mask, (advantages + values.float()) * mask
+
+
+def _turn_rows(turn_ids: torch.Tensor, H: int, *xs: torch.Tensor):
+    """Lay the tokens of each turn out as rows: ``[B, T]`` -> ``[B*H, L]`` (L = longest turn).
+
+    Returns the laid-out tensors, the row mask ``[B*H, L]`` and a function mapping a ``[B*H, L]``
+    tensor back to ``[B, T]``.
+    """
+    B, T = turn_ids.shape
+    starts, _ = turn_boundaries(turn_ids, H)
+    pos = torch.arange(T, device=turn_ids.device).expand(B, T)
+    on = turn_ids >= 0
+    offset = pos - starts.gather(1, turn_ids.clamp(min=0))  # position inside the turn
+    L = int(offset[on].max()) + 1 if on.any() else 0
+    flat_row = (torch.arange(B, device=turn_ids.device)[:, None] * H + turn_ids.clamp(min=0))
+    spill = B * H * L  # an extra slot for tokens outside turns
+    flat_idx = torch.where(on, flat_row * L + offset, torch.full_like(offset, spill))
+
+    def lay(x: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros(spill + 1, dtype=x.dtype, device=x.device)
+        return out.scatter(0, flat_idx.reshape(-1), x.reshape(-1))[:spill].reshape(B * H, L)
+
+    row_mask = lay(on.float())
+
+    def back(rows: torch.Tensor) -> torch.Tensor:
+        flat = torch.cat([rows.reshape(-1), rows.new_zeros(1)])
+        return flat.gather(0, flat_idx.reshape(-1)).reshape(B, T)
+
+    return (*[lay(x) for x in xs], row_mask, back)
+
+
+def _check_gae_inputs(gamma: float, lam: float, **tensors: torch.Tensor) -> None:
+    check_unit_interval("gamma", gamma)
+    check_unit_interval("lam", lam)
+    for name, t in tensors.items():
+        check_ndim(name, t, 2)
+    check_same_shape(**tensors)
+    for name, t in tensors.items():
+        if name.endswith("mask"):
+            check_mask(name, t)
+        else:
+            check_finite(name, t)

@@ -1,0 +1,45 @@
+from setuptools import setup
+
+# `envs/` lives at the top level of the repository but installs as `ragen_turn.envs`,
+# so no generic top-level name lands in site-packages.
+PACKAGES = [
+    "ragen_turn",
+    "ragen_turn.algos",
+    "ragen_turn.rollout",
+    "ragen_turn.engines",
+    "ragen_turn.engines.local",
+    "ragen_turn.engines.verl",
+    "ragen_turn.models",
+    "ragen_turn.envs",
+    "ragen_turn.envs.sokoban",
+    "ragen_turn.envs.webshop",
+]
+
+setup(
+    name="ragen_turn",
+    version="0.1.0",
+    description="Turn-level RL (Turn-PPO, ST-PPO) for multi-turn LLM agents, a RAGEN extension",
+    python_requires=">=3.10",
+    packages=PACKAGES,
+    package_dir={"ragen_turn.envs": "envs", "ragen_turn.envs.sokoban": "envs/sokoban",
+                 "ragen_turn.envs.webshop": "envs/webshop"},
+    package_data={"ragen_turn.envs.webshop": ["data/*.json"]},
+    install_requires=[
+        "torch>=2.4",
+        "numpy>=2",
+        "transformers>=5.5.3,<5.11,!=5.6.0",
+        "tokenizers",
+        "safetensors",
+        "hydra-core==1.3.*",
+        "omegaconf",
+        "gymnasium>=1.0",
+    ],
+    extras_require={
+        "dev": ["pytest", "hypothesis"],
+        "webshop": ["bm25s>=0.2"],
+        "plot": ["matplotlib"],
+        "smol": ["gguf", "accelerate"],
+        "wandb": ["wandb"],
+        "gpu": ["verl[vllm]==0.9.1", "ray", "cachetools", "uvicorn", "fastapi", "pyzmq", "msgspec"],
+    },
+)

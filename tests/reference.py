@@ -1,0 +1,180 @@
+"""Slow, obviously-correct references (plain Python loops) for the algorithm core."""
+from __future__ import annotations
+
+import math
+import random
+
+import torch
+
+
+def random_batch(seed: int, B: int = 5, max_turns: int = 4, max_len: int = 6, pad_to: int | None = None):
+    """Ragged multi-turn rows: prompt, (response, env tokens)*, right padding.
+
+    Returns response_mask [B, T] (float), and the list of turns per row as lists of positions.
+    """
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(B):
+        pos, row, turns = 0, [], []
+        prompt = rng.randint(1, 4)
+        row += [0] * prompt
+        n_turns = rng.randint(1, max_turns)
+        for h in range(n_turns):
+            L = rng.randint(1, max_len)
+            turns.append(list(range(len(row), len(row) + L)))
+            row += [1] * L
+            if h < n_turns - 1:
+                row += [0] * rng.randint(1, 3)
+        rows.append((row, turns))
+    T = max(len(r) for r, _ in rows) + rng.randint(0, 3)
+    if pad_to:
+        T = max(T, pad_to)
+    mask = torch.zeros(B, T)
+    for b, (row, _) in enumerate(rows):
+        mask[b, : len(row)] = torch.tensor(row, dtype=torch.float)
+    return mask, [t for _, t in rows]
+
+
+def turns_of(mask_row) -> list[list[int]]:
+    turns, cur = [], []
+    for t, m in enumerate(mask_row.tolist()):
+        if m:
+            cur.append(t)
+        elif cur:
+            turns.append(cur)
+            cur = []
+    if cur:
+        turns.append(cur)
+    return turns
+
+
+def ref_grpo(scores, group_ids, norm_by_std=True, eps=1e-6):
+    out = []
+    for i, s in enumerate(scores.tolist()):
+        grp = [scores[j].item() for j in range(len(scores)) if group_ids[j] == group_ids[i]]
+        if len(grp) < 2:
+            out.append(0.0)
+            continue
+        mean = sum(grp) / len(grp)
+        std = math.sqrt(sum((g - mean) ** 2 for g in grp) / (len(grp) - 1))
+        out.append((s - mean) / (std + eps) if norm_by_std else s - mean)
+    return torch.tensor(out)
+
+
+def ref_token_gae(rewards, values, mask, gamma, lam):
+    B, T = mask.shape
+    adv = torch.zeros(B, T)
+    for b in range(B):
+        pos = [t for t in range(T) if mask[b, t] == 1]
+        last = 0.0
+        for i in range(len(pos) - 1, -1, -1):
+            t = pos[i]
+            v_next = values[b, pos[i + 1]].item() if i + 1 < len(pos) else 0.0
+            delta = rewards[b, t].item() + gamma * v_next - values[b, t].item()
+            last = delta + gamma * lam * last
+            adv[b, t] = last
+    return adv, (adv + values) * mask
+
+
+def ref_turn_gae(turn_rewards, turn_values, turn_mask, gamma, lam):
+    B, H = turn_mask.shape
+    adv = torch.zeros(B, H)
+    for b in range(B):
+        n = int(turn_mask[b].sum())
+        last = 0.0
+        for h in range(n - 1, -1, -1):
+            v_next = turn_values[b, h + 1].item() if h + 1 < n else 0.0
+            delta = turn_rewards[b, h].item() + gamma * v_next - turn_values[b, h].item()
+            last = delta + gamma * lam * last
+            adv[b, h] = last
+    return adv, (adv + turn_values) * turn_mask
+
+
+def ref_bi_level(turn_rewards, values, mask, gamma, lam, high_gamma):
+    B, T = mask.shape
+    adv = torch.zeros(B, T)
+    for b in range(B):
+        turns = turns_of(mask[b])
+        ends = [t[-1] for t in turns]
+        # high level over turn ends
+        high_ret = [0.0] * len(turns)
+        last = 0.0
+        for h in range(len(turns) - 1, -1, -1):
+            v_next = values[b, ends[h + 1]].item() if h + 1 < len(turns) else 0.0
+            delta = turn_rewards[b, h].item() + high_gamma * v_next - values[b, ends[h]].item()
+            last = delta + high_gamma * lam * last
+            high_ret[h] = last + values[b, ends[h]].item()
+        # low level inside each turn
+        for h, toks in enumerate(turns):
+            last = 0.0
+            for i in range(len(toks) - 1, -1, -1):
+                t = toks[i]
+                r = high_ret[h] if i == len(toks) - 1 else 0.0
+                v_next = values[b, toks[i + 1]].item() if i + 1 < len(toks) else 0.0
+                delta = r + gamma * v_next - values[b, t].item()
+                last = delta + gamma * lam * last
+                adv[b, t] = last
+    return adv, (adv + values) * mask
+
+
+def _surrogate(w, A, low, high):
+    return -min(w * A, min(max(w, 1 - low), 1 + high) * A)
+
+
+def ref_policy_loss(name, old_logp, logp, adv, mask, low=0.2, high=0.28, ratio_mode=None, agg=None,
+                    clip_bias=False, clamp=20.0):
+    """Loop reference of every policy loss; differentiable through ``logp`` (torch scalar ops)."""
+    B, T = mask.shape
+    turn_unit = name in ("turn_ppo", "turn_ppo_geo")
+    turn_ratio = name in ("turn_ppo", "turn_ppo_geo", "turn_is", "st_ppo")
+    if ratio_mode is None:
+        ratio_mode = {"turn_ppo": "sum", "turn_ppo_geo": "geo_mean"}.get(name, "geo_mean")
+    if name == "turn_ppo_geo":
+        ratio_mode = "geo_mean"
+    clip_bias = clip_bias or name in ("s_ppo", "st_ppo")
+    agg = agg or ("turn-mean" if turn_unit else "token-mean")
+    rows = []  # per row: list of (ratio tensor, adv float, unit weight numerator, n_tokens)
+    for b in range(B):
+        units = []
+        for toks in turns_of(mask[b]):
+            d = [logp[b, t] - old_logp[b, t] for t in toks]
+            s = sum(d)
+            if ratio_mode == "geo_mean":
+                s = s / len(toks)
+            turn_w = torch.exp(s.clamp(-clamp, clamp)) if turn_ratio else None
+            if turn_unit:
+                a = sum(adv[b, t].item() for t in toks) / len(toks)
+                units.append((turn_w, a, len(toks)))
+            else:
+                for t, dt in zip(toks, d):
+                    w = turn_w if turn_ratio else torch.exp(dt.clamp(-clamp, clamp))
+                    units.append((w, adv[b, t].item(), 1))
+        rows.append(units)
+    if turn_unit and agg == "turn-mean":
+        denom = sum(len(u) for u in rows)
+        weight = lambda unit: 1.0 / denom  # noqa: E731
+    else:
+        denom = sum(n for u in rows for (_, _, n) in u)
+        weight = lambda unit: unit[2] / denom  # noqa: E731
+    total = torch.zeros(())
+    for units in rows:
+        L_i = torch.zeros(())
+        C2 = G2 = 0.0
+        for unit in units:
+            w, a, _ = unit
+            n = weight(unit)
+            wv = w.item()
+            clipped = (a > 0 and wv > 1 + high) or (a < 0 and wv < 1 - low)
+            lo, hi = 1 - low, 1 + high
+            unclipped_term = -w * a
+            clipped_term = -torch.clamp(w, lo, hi) * a
+            L_i = L_i + n * (clipped_term if clipped else unclipped_term)
+            if clipped:
+                C2 += (n * wv * a) ** 2
+            else:
+                G2 += (n * wv * a) ** 2
+        s = 1.0
+        if clip_bias:
+            s = 1.0 / max(1.0, math.sqrt(C2) / (math.sqrt(G2) + 1e-8))
+        total = total + s * L_i
+    return total
