@@ -38,7 +38,9 @@ from .turns import (
     turn_boundaries,
     turn_ids_from_mask,
     turn_mask_from_ids,
+    turn_start_values,
     turn_sums,
+    values_before_tokens,
     turn_token_counts,
 )
 

@@ -180,3 +180,31 @@ def uncompact_rows(packed: torch.Tensor, mask: torch.Tensor, rank: torch.Tensor)
         return torch.zeros(mask.shape, dtype=packed.dtype, device=packed.device)
     out = packed.gather(1, rank.clamp(min=0))
     return torch.where(mask.bool(), out, torch.zeros_like(out))
+
+
+def turn_start_values(values: torch.Tensor, turn_ids: torch.Tensor, H: int) -> torch.Tensor:
+    """V(s_h) for every turn, from critic values indexed by the token they precede.
+
+    Both engines lay values out as ``values[:, t]`` = V(state just before token t) (verl's
+    convention), so V(s_h) is the value at turn h's first token. This is the one place that reads it.
+
+    Args:
+        values: ``[B, T]``; turn_ids: ``[B, T]``.
+    Returns:
+        ``[B, H]``, 0 for missing turns.
+    """
+    starts, _ = turn_boundaries(turn_ids, H)
+    return gather_turns(values, starts, turn_mask_from_ids(turn_ids, H))
+
+
+def values_before_tokens(hidden_values: torch.Tensor) -> torch.Tensor:
+    """Shift per-position critic outputs to verl's layout.
+
+    Args:
+        hidden_values: ``[B, T]``, the value head at each position's hidden state (the state after
+            reading tokens <= t).
+    Returns:
+        ``[B, T]`` with ``out[:, t] = hidden_values[:, t-1]`` (``out[:, 0] = 0``): the value of the
+        state just before token t.
+    """
+    return torch.nn.functional.pad(hidden_values[:, :-1], (1, 0))

@@ -1,0 +1,165 @@
+"""Critic (backbone + scalar value head) and per-token log-probabilities of a causal LM.
+
+Shapes: B = batch, T = tokens, V = vocabulary, H = hidden size. Masks are 0/1 integer or bool tensors.
+"""
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+VALUE_HEAD_FILE = "value_head.safetensors"
+CRITIC_CONFIG_FILE = "critic_config.json"
+
+
+def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """position_ids[B, T] = (number of real tokens before t), 0 on padding; what HF `generate` uses, so left-padded
+    (or right-padded) batches give the same logits as the unpadded sequences."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def _base_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The transformer body of a `*ForCausalLM` (its `.base_model`, e.g. `.model`), or `model` itself."""
+    base = getattr(model, "base_model", None)
+    return base if isinstance(base, torch.nn.Module) and base is not model else model
+
+
+class CriticModel(torch.nn.Module):
+    """Value model: a transformer backbone (e.g. `Qwen2Model`) + `Linear(H, 1)` value head, kept in float32.
+
+    `forward(input_ids[B,T], attention_mask[B,T], position_ids[B,T] | None) -> values[B,T]` (float32):
+    `values[:, t]` is V read at the hidden state of token t. Padding positions hold arbitrary numbers: mask them.
+    The turn critic reads V(s_h) at the last token before turn h's first response token (see DESIGN.md).
+
+    The head is zero-initialised by default (`init_std=0.0`), so a fresh critic predicts 0 everywhere.
+    """
+
+    def __init__(self, backbone: torch.nn.Module, init_std: float = 0.0):
+        super().__init__()
+        self.backbone = _base_model(backbone)
+        hidden = self.backbone.config.hidden_size
+        self.value_head = torch.nn.Linear(hidden, 1, dtype=torch.float32)
+        with torch.no_grad():
+            if init_std > 0:
+                self.value_head.weight.normal_(0.0, init_std)
+            else:
+                self.value_head.weight.zero_()
+            self.value_head.bias.zero_()
+        self.init_std = float(init_std)
+
+    @property
+    def config(self):
+        return self.backbone.config
+
+    @classmethod
+    def from_causal_lm(cls, causal_lm: torch.nn.Module, init_std: float = 0.0) -> "CriticModel":
+        """A separate critic initialised from the actor: deep copy of the actor's backbone (no lm_head) + new head."""
+        backbone = copy.deepcopy(_base_model(causal_lm))
+        for p in backbone.parameters():
+            p.requires_grad_(True)
+        critic = cls(backbone, init_std=init_std)
+        device = next(backbone.parameters()).device
+        critic.value_head.to(device)
+        return critic
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """input_ids[B,T], attention_mask[B,T], position_ids[B,T] (default: from the mask) -> values[B,T] float32."""
+        if position_ids is None:
+            position_ids = positions_from_mask(attention_mask)
+        out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                            use_cache=False)
+        hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]     # [B,T,H]
+        w, b = self.value_head.weight, self.value_head.bias
+        return F.linear(hidden.float(), w.float(), b.float()).squeeze(-1)                  # [B,T]
+
+    def gradient_checkpointing_enable(self, **kwargs: Any) -> None:
+        self.backbone.gradient_checkpointing_enable(**kwargs)
+
+    def save_pretrained(self, save_dir: str | Path) -> None:
+        """Backbone via its `save_pretrained` (config.json + model.safetensors), head as value_head.safetensors."""
+        from safetensors.torch import save_file
+
+        save_dir = Path(save_dir)
+        save_dir.mkdir(parents=True, exist_ok=True)
+        self.backbone.save_pretrained(save_dir)
+        head = {k: v.detach().float().cpu().contiguous() for k, v in self.value_head.state_dict().items()}
+        save_file(head, str(save_dir / VALUE_HEAD_FILE))
+        (save_dir / CRITIC_CONFIG_FILE).write_text(json.dumps(
+            {"hidden_size": self.value_head.in_features, "init_std": self.init_std}, indent=2) + "\n")
+
+    @classmethod
+    def from_pretrained(cls, load_dir: str | Path, dtype: Any = None, device: Any = "cpu") -> "CriticModel":
+        """Inverse of `save_pretrained`; `dtype` is the backbone's (the head stays float32)."""
+        from safetensors.torch import load_file
+        from transformers import AutoModel
+
+        load_dir = Path(load_dir)
+        kwargs = {"local_files_only": True}
+        if dtype is not None:
+            from . import _torch_dtype
+            kwargs["dtype"] = _torch_dtype(dtype)
+        backbone = AutoModel.from_pretrained(load_dir, **kwargs)
+        meta = json.loads((load_dir / CRITIC_CONFIG_FILE).read_text()) if (load_dir / CRITIC_CONFIG_FILE).is_file() \
+            else {}
+        critic = cls(backbone, init_std=meta.get("init_std", 0.0))
+        critic.value_head.load_state_dict(load_file(str(load_dir / VALUE_HEAD_FILE)))
+        return critic.to(device)
+
+
+def sequence_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                      position_ids: torch.Tensor | None = None, temperature: float = 1.0,
+                      return_entropy: bool = False, chunk_tokens: int = 4096):
+    """Per-token log-probabilities of `input_ids` under the causal LM `model`.
+
+    Args:
+        input_ids: [B, T] token ids.
+        attention_mask: [B, T], 1 on real tokens, 0 on padding (left or right).
+        position_ids: [B, T] or None (then `positions_from_mask(attention_mask)`, as HF `generate` does).
+        temperature: logits are divided by it (use the sampling temperature so ratios match the rollout).
+        return_entropy: also return the entropy of each predictive distribution.
+        chunk_tokens: positions processed at once when reducing over V (bounds the float32 working memory to
+            about chunk_tokens x V).
+
+    Returns:
+        logp [B, T] float32: `logp[:, t] = log p(input_ids[:, t] | input_ids[:, :t])`; `logp[:, 0] = 0`, and 0
+        wherever token t or token t-1 is padding.
+        If `return_entropy`: `(logp, entropy)`, entropy [B, T] float32 aligned the same way (the entropy of the
+        distribution that token t was drawn from), 0 at the same positions.
+
+    Memory: one [B, T, V] logits tensor in the model's dtype; the log-softmax is never materialised
+    (logsumexp + gather per chunk, in float32). Gradients flow through both outputs.
+    """
+    if position_ids is None:
+        position_ids = positions_from_mask(attention_mask)
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                   use_cache=False).logits                                                  # [B, T, V]
+    B, T, V = logits.shape
+    targets = input_ids[:, 1:]                                                              # [B, T-1]
+    step = max(1, chunk_tokens // max(B, 1))
+    lp_chunks, ent_chunks = [], []
+    for s in range(0, T - 1, step):
+        x = logits[:, s:min(s + step, T - 1)].float()                                       # [B, c, V]
+        if temperature != 1.0:
+            x = x / temperature
+        lse = torch.logsumexp(x, dim=-1)                                                    # [B, c]
+        tok = x.gather(-1, targets[:, s:s + x.shape[1]].unsqueeze(-1)).squeeze(-1)         # [B, c]
+        lp_chunks.append(tok - lse)
+        if return_entropy:
+            p = torch.softmax(x, dim=-1)
+            ent_chunks.append(lse - (p * x).sum(-1))
+    valid = (attention_mask[:, 1:] != 0) & (attention_mask[:, :-1] != 0)                    # [B, T-1]
+    zero = logits.new_zeros(B, 1, dtype=torch.float32)
+
+    def assemble(chunks):
+        body = torch.cat(chunks, dim=1) if chunks else logits.new_zeros(B, 0, dtype=torch.float32)
+        return torch.cat([zero, body.masked_fill(~valid, 0.0)], dim=1)                      # [B, T]
+
+    logp = assemble(lp_chunks)
+    if return_entropy:
+        return logp, assemble(ent_chunks)
+    return logp

@@ -1,0 +1,131 @@
+"""The multi-turn rollout loop, engine-agnostic.
+
+A *policy* is anything with ``generate(prompts: list[list[int]], max_new_tokens: int) ->
+list[list[int]]``: the local engine's sampler, a scripted solver (warm-start demonstrations,
+tests) or a remote engine. Every active episode is advanced one turn per ``generate`` call, so
+sampling is batched across the whole env batch.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, List, Protocol, Sequence
+
+from .context import ChatFormatter, ContextConfig, parse_response, system_prompt, user_message
+from .env_manager import EnvSlot
+from .trajectory import Episode
+
+
+class Policy(Protocol):
+    def generate(self, prompts: List[List[int]], max_new_tokens: int) -> List[List[int]]:
+        ...
+
+
+class _Live:
+    """State of one episode while it runs."""
+
+    def __init__(self, slot: EnvSlot, ids: List[int]):
+        self.slot = slot
+        self.ep = Episode(token_ids=list(ids), response_mask=[0] * len(ids), turn_ids=[-1] * len(ids),
+                          turn_rewards=[], group_id=slot.group_id, env_seed=slot.seed, tag=slot.tag)
+        self.done = False
+        self.actions_left = slot.max_actions
+
+    def add(self, ids: Sequence[int], turn: int | None) -> None:
+        self.ep.token_ids.extend(ids)
+        self.ep.response_mask.extend([1 if turn is not None else 0] * len(ids))
+        self.ep.turn_ids.extend([turn if turn is not None else -1] * len(ids))
+
+
+def run_episodes(slots: Sequence[EnvSlot], policy: Policy, formatter: ChatFormatter,
+                 cfg: ContextConfig) -> List[Episode]:
+    """Play one episode in every slot (already seeded) and return them in slot order."""
+    live: List[_Live] = []
+    for slot in slots:
+        obs = slot.env.reset(seed=slot.seed)
+        ids = formatter.first_prompt(system_prompt(slot.instruction, cfg), user_message(str(obs), 0, cfg))
+        if len(ids) + cfg.response_length > cfg.max_context_tokens:
+            raise ValueError(f"the first prompt ({len(ids)} tokens) plus one response "
+                             f"(actor_rollout_ref.rollout.response_length={cfg.response_length}) does not fit "
+                             f"agent_proxy.max_context_tokens={cfg.max_context_tokens}")
+        live.append(_Live(slot, ids))
+
+    for turn in range(cfg.max_turn):
+        active = [s for s in live if not s.done]
+        if not active:
+            break
+        if hasattr(policy, "observe"):  # scripted policies read the env state of each prompt
+            policy.observe([s.slot for s in active])
+        responses = policy.generate([s.ep.token_ids for s in active], cfg.response_length)
+        if len(responses) != len(active):
+            raise RuntimeError(f"policy returned {len(responses)} responses for {len(active)} prompts")
+        for s, resp in zip(active, responses):
+            resp = list(resp)
+            if not resp:
+                raise RuntimeError("policy returned an empty response (it must sample at least one token)")
+            s.add(resp, turn)
+            text = formatter.decode(resp)
+            s.ep.texts.append(text)
+            reward, feedback = _step_env(s, text, cfg)
+            s.ep.turn_rewards.append(reward)
+            if turn == cfg.max_turn - 1 or s.actions_left <= 0:
+                s.done = True
+            if not s.done:
+                obs = s.slot.env.render()
+                env_ids = formatter.env_turn(user_message(str(obs), turn + 1, cfg, reward, feedback), resp)
+                # Context-window policy: if the next observation plus a full response would not fit,
+                # the episode ends here (truncated); the history is never cut, so tokens stay exact.
+                if len(s.ep.token_ids) + len(env_ids) + cfg.response_length > cfg.max_context_tokens:
+                    s.done, s.ep.truncated = True, True
+                else:
+                    s.add(env_ids, None)
+    return [s.ep for s in live]
+
+
+def _step_env(s: _Live, text: str, cfg: ContextConfig) -> tuple[float, str]:
+    """Parse the response, step the env with each action; returns (turn reward, feedback text)."""
+    actions, ok = parse_response(text, cfg)
+    reward = 0.0
+    feedback = ""
+    if not ok:
+        s.ep.format_errors += 1
+        reward += cfg.format_penalty
+        feedback = "Invalid format: no valid <answer> ... </answer>."
+    invalid = 0
+    for action in actions[: max(s.actions_left, 0)]:
+        _, r, done, info = s.slot.env.step(action)
+        reward += float(r)
+        s.actions_left -= 1
+        s.ep.num_actions += 1
+        valid = bool(info.get("action_is_valid", True))
+        s.ep.num_valid_actions += int(valid)
+        invalid += int(not valid)
+        s.ep.num_effective_actions += int(bool(info.get("action_is_effective", True)))
+        if info.get("success"):
+            s.ep.success = True
+        if done:
+            s.done = True
+            break
+    if invalid and not feedback:
+        feedback = f"{invalid} invalid action(s)."
+    return reward, feedback
+
+
+class TextPolicy:
+    """A scripted policy: ``respond(slot) -> str`` for each active env slot (demonstrations, tests).
+
+    Its responses are tokenized like the model's would be sampled, so a scripted rollout has the
+    same token layout as a sampled one.
+    """
+
+    def __init__(self, tokenizer: Any, respond: Callable[[EnvSlot], str]):
+        self.tok = tokenizer
+        self.respond = respond
+        self._slots: List[EnvSlot] = []
+
+    def observe(self, slots: List[EnvSlot]) -> None:
+        self._slots = list(slots)
+
+    def generate(self, prompts: List[List[int]], max_new_tokens: int) -> List[List[int]]:
+        if len(self._slots) != len(prompts):
+            raise RuntimeError("TextPolicy.generate called without observe() for the same prompts")
+        return [list(self.tok(self.respond(slot), add_special_tokens=False)["input_ids"])[:max_new_tokens]
+                for slot in self._slots]

@@ -1,0 +1,138 @@
+"""The ``Trajectory`` batch that rollouts produce and the algorithm core consumes.
+
+Token layout: one row per episode, the whole multi-turn conversation flattened into one token
+sequence, right padded. ``response_mask`` is 1 exactly on the tokens the policy sampled (never on
+prompt, environment or chat-template tokens); ``turn_ids`` numbers those runs 0..n-1.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any, Dict, List, Optional
+
+import torch
+
+
+@dataclass
+class Episode:
+    """One finished multi-turn episode, token in / token out."""
+
+    token_ids: List[int]
+    response_mask: List[int]
+    turn_ids: List[int]
+    turn_rewards: List[float]
+    group_id: int
+    env_seed: int
+    tag: str = ""
+    success: bool = False
+    num_actions: int = 0
+    num_valid_actions: int = 0
+    num_effective_actions: int = 0
+    format_errors: int = 0
+    truncated: bool = False
+    texts: List[str] = field(default_factory=list)  # the decoded responses, for logs
+
+    @property
+    def num_turns(self) -> int:
+        return len(self.turn_rewards)
+
+    @property
+    def total_reward(self) -> float:
+        return float(sum(self.turn_rewards))
+
+
+@dataclass
+class Trajectory:
+    """A padded batch of episodes. Shapes: ``[B, T]`` tokens, ``[B, H]`` turns, ``[B]`` episodes."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    response_mask: torch.Tensor
+    turn_ids: torch.Tensor
+    turn_rewards: torch.Tensor
+    turn_mask: torch.Tensor
+    group_ids: torch.Tensor
+    success: torch.Tensor
+    episode_rewards: torch.Tensor
+    # filled by the trainer: token layout [B, T]
+    old_logp: Optional[torch.Tensor] = None
+    ref_logp: Optional[torch.Tensor] = None
+    values: Optional[torch.Tensor] = None  # values[:, t] = V of the state just before token t
+    advantages: Optional[torch.Tensor] = None
+    returns: Optional[torch.Tensor] = None
+    # turn layout [B, H] (turn critic)
+    turn_values: Optional[torch.Tensor] = None
+    turn_returns: Optional[torch.Tensor] = None
+    episodes: List[Episode] = field(default_factory=list)
+
+    TURN_FIELDS = ("turn_rewards", "turn_mask", "turn_values", "turn_returns")
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @classmethod
+    def from_episodes(cls, episodes: List[Episode], pad_token_id: int) -> "Trajectory":
+        if not episodes:
+            raise ValueError("no episodes to batch")
+        B = len(episodes)
+        T = max(len(e.token_ids) for e in episodes)
+        H = max(max(e.num_turns for e in episodes), 1)
+        input_ids = torch.full((B, T), pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros(B, T, dtype=torch.long)
+        response_mask = torch.zeros(B, T, dtype=torch.float32)
+        turn_ids = torch.full((B, T), -1, dtype=torch.long)
+        turn_rewards = torch.zeros(B, H)
+        turn_mask = torch.zeros(B, H)
+        for b, e in enumerate(episodes):
+            n = len(e.token_ids)
+            input_ids[b, :n] = torch.tensor(e.token_ids, dtype=torch.long)
+            attention_mask[b, :n] = 1
+            response_mask[b, :n] = torch.tensor(e.response_mask, dtype=torch.float32)
+            turn_ids[b, :n] = torch.tensor(e.turn_ids, dtype=torch.long)
+            turn_rewards[b, : e.num_turns] = torch.tensor(e.turn_rewards, dtype=torch.float32)
+            turn_mask[b, : e.num_turns] = 1.0
+        return cls(
+            input_ids=input_ids, attention_mask=attention_mask, response_mask=response_mask,
+            turn_ids=turn_ids, turn_rewards=turn_rewards, turn_mask=turn_mask,
+            group_ids=torch.tensor([e.group_id for e in episodes], dtype=torch.long),
+            success=torch.tensor([float(e.success) for e in episodes]),
+            episode_rewards=torch.tensor([e.total_reward for e in episodes]),
+            episodes=list(episodes),
+        )
+
+    def select(self, index: torch.Tensor | List[int]) -> "Trajectory":
+        """Rows ``index`` of every tensor field (and episode list); trims padding columns."""
+        idx = torch.as_tensor(index, dtype=torch.long)
+        out: Dict[str, Any] = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, torch.Tensor):
+                out[f.name] = v[idx]
+            elif f.name == "episodes":
+                out[f.name] = [v[i] for i in idx.tolist()] if v else []
+            else:
+                out[f.name] = v
+        sub = Trajectory(**out)
+        return sub.trim()
+
+    def trim(self) -> "Trajectory":
+        """Drop all-padding token columns on the right and all-empty turn columns."""
+        T = int(self.attention_mask.sum(dim=1).max()) if self.batch_size else 0
+        H = max(int(self.turn_mask.sum(dim=1).max()), 1) if self.batch_size else 1
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if not isinstance(v, torch.Tensor) or v.dim() != 2:
+                continue
+            setattr(self, f.name, v[:, :H] if f.name in self.TURN_FIELDS else v[:, :T])
+        return self
+
+    def to(self, device: torch.device | str) -> "Trajectory":
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, torch.Tensor):
+                setattr(self, f.name, v.to(device))
+        return self
+
+    @property
+    def position_ids(self) -> torch.Tensor:
+        return (self.attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)

@@ -1,0 +1,52 @@
+"""Hydra entry point: ``python -m ragen_turn.train env=sokoban algo=turn_ppo [overrides]``.
+
+``bash train.sh sokoban turn_ppo [overrides]`` is the same. ``engine=local`` (default) trains in this
+process; ``engine=verl`` hands the same config to the verl engine (multi-GPU).
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "config")
+
+
+def compose_config(overrides: list[str] | None = None) -> DictConfig:
+    """The resolved config for ``overrides`` (as on the command line), without starting a run."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        cfg = compose(config_name="base", overrides=list(overrides or []))
+    OmegaConf.resolve(cfg)
+    return cfg
+
+
+def run(cfg: DictConfig) -> dict:
+    OmegaConf.resolve(cfg)
+    engine = cfg.engine.name
+    if engine == "local":
+        from ragen_turn.engines.local.trainer import build_trainer
+
+        trainer = build_trainer(cfg)
+        return trainer.fit()
+    if engine == "verl":
+        from ragen_turn.engines.verl import launch  # imports verl lazily, with an install hint
+
+        return launch(cfg)
+    raise ValueError(f"engine.name must be local or verl, got {engine!r}")
+
+
+@hydra.main(config_path=CONFIG_DIR, config_name="base", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    try:
+        run(cfg)
+    except (ValueError, FileNotFoundError) as e:  # config / input errors: one clear line, no traceback
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

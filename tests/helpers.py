@@ -1,0 +1,32 @@
+"""Shared test helpers: a micro config and the tiny tokenizer."""
+from __future__ import annotations
+
+import functools
+import os
+
+from ragen_turn.train import compose_config
+
+MICRO_MODEL = ["model.hidden_size=32", "model.num_hidden_layers=1", "model.num_attention_heads=2",
+               "model.num_key_value_heads=1", "model.intermediate_size=64", "model.warmstart.enable=false"]
+
+
+def micro_config(overrides=(), run_dir=None):
+    """A config small enough for CPU tests: 2 groups x 2 rollouts, 2 turns, a 40k-parameter model."""
+    base = MICRO_MODEL + [
+        "es_manager.train.env_groups=2", "es_manager.train.group_size=2", "es_manager.val.env_groups=2",
+        "agent_proxy.max_turn=2", "actor_rollout_ref.rollout.response_length=8", "ppo_mini_batch_size=2",
+        "micro_batch_size_per_gpu=2", "trainer.total_training_steps=2", "trainer.test_freq=0", "trainer.save_freq=0",
+        "device=cpu",
+    ]
+    if run_dir is not None:
+        base.append(f"trainer.default_local_dir={run_dir}")
+    return compose_config(base + list(overrides))
+
+
+@functools.lru_cache(maxsize=1)
+def tiny_tokenizer():
+    from ragen_turn.models import load_model_and_tokenizer
+
+    _, tok = load_model_and_tokenizer(dict(name="tiny", hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                           num_key_value_heads=1, intermediate_size=64))
+    return tok

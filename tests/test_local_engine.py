@@ -1,0 +1,182 @@
+"""The local engine end to end on CPU with a micro model: every algo, invariants, resume, errors."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from omegaconf import open_dict
+
+from ragen_turn.engines.local.trainer import StarPOTrainer, TurnPPOTrainer, build_trainer, validate_config
+
+from helpers import micro_config
+
+ALGOS = ["grpo", "token_ppo", "bi_level_gae", "s_ppo", "turn_ppo", "turn_ppo_geo", "turn_is", "st_ppo"]
+
+
+def _quiet(*a, **k):
+    pass
+
+
+def mixed_policy(tok):
+    """Solver answers and junk alternately: rewards differ within every group."""
+    import itertools
+
+    from ragen_turn.rollout import TextPolicy
+
+    flip = itertools.cycle([0, 1])
+
+    def respond(slot):
+        if next(flip):
+            return "no idea"
+        return "<answer>" + slot.env.ACTION_LOOKUP[slot.env.solve()[0]] + "</answer>"
+
+    return TextPolicy(tok, respond)
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_every_algo_runs_two_steps(algo, tmp_path):
+    cfg = micro_config([f"algo={algo}"], run_dir=tmp_path)
+    trainer = build_trainer(cfg, log=_quiet)
+    assert isinstance(trainer, TurnPPOTrainer if cfg.algo.trainer == "turn" else StarPOTrainer)
+    trainer.sampler = mixed_policy(trainer.tokenizer)  # reward variance even for an untrained model
+    before = [p.detach().clone() for p in trainer.actor.parameters()]
+    last = trainer.fit()
+    assert last["step"] == 2
+    lines = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [l["step"] for l in lines] == [0, 1, 2]
+    for key in ("env/reward", "env/success", "actor/clip_frac_token", "actor/clip_frac_turn", "actor/approx_kl",
+                "adv/mean", "perf/tokens_per_s", "perf/step_s", "val/success"):
+        assert key in lines[-1], key
+    assert math.isfinite(lines[-1]["actor/pg_loss"])
+    if cfg.critic.level != "none":
+        assert math.isfinite(lines[-1]["critic/value_loss"])
+    after = list(trainer.actor.parameters())
+    assert any(not torch.equal(a, b) for a, b in zip(before, after)), "the actor did not change"
+    assert (tmp_path / "config.yaml").is_file()
+    assert (tmp_path / "checkpoints" / "latest").is_file()
+
+
+def test_turn_critic_reads_values_at_turn_starts(tmp_path):
+    cfg = micro_config(["algo=turn_ppo"], run_dir=tmp_path)
+    tr = build_trainer(cfg, log=_quiet)
+    batch = tr.rollout(0)
+    tr.score(batch)
+    # V(s_h) must be the critic's output at the last token of s_h (one before the turn's first token)
+    raw = tr._forward_all(lambda ids, am, pos: tr.critic(ids, am, pos), batch)
+    for b in range(batch.batch_size):
+        starts = [t for t in range(batch.input_ids.shape[1]) if batch.response_mask[b, t] == 1 and
+                  (t == 0 or batch.response_mask[b, t - 1] == 0)]
+        for h, t in enumerate(starts):
+            assert batch.turn_values[b, h].item() == pytest.approx(raw[b, t - 1].item(), abs=1e-6)
+
+
+def test_turn_ppo_one_turn_takes_the_sequence_level_update(tmp_path):
+    cfg = micro_config(["algo=turn_ppo", "agent_proxy.max_turn=1", "ppo_mini_batch_size=4",
+                        "micro_batch_size_per_gpu=4"], run_dir=tmp_path)
+    tr = build_trainer(cfg, log=_quiet)
+    tr.sampler = mixed_policy(tr.tokenizer)
+    batch = tr.rollout(0)
+    tr.score(batch)
+    tr.compute_advantages(batch)
+    # perturb the policy so ratios differ from 1 (some clipped, some not)
+    with torch.no_grad():
+        for p in tr.actor.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    loss, _ = tr.actor_loss(batch)
+    grads = torch.autograd.grad(loss, list(tr.actor.parameters()))
+    # sequence-level PPO by hand: one ratio per episode = prod of token ratios, one advantage per episode
+    from ragen_turn.models import sequence_logprobs
+    logp = sequence_logprobs(tr.actor, batch.input_ids, batch.attention_mask, batch.position_ids)
+    m = batch.response_mask
+    seq_ratio = torch.exp(((logp - batch.old_logp) * m).sum(1))
+    seq_adv = (batch.advantages * m).sum(1) / m.sum(1)
+    low, high = cfg.actor_rollout_ref.actor.clip_ratio_low, cfg.actor_rollout_ref.actor.clip_ratio_high
+    seq_loss = (-torch.minimum(seq_ratio * seq_adv, seq_ratio.clamp(1 - low, 1 + high) * seq_adv)).mean()
+    seq_grads = torch.autograd.grad(seq_loss, list(tr.actor.parameters()))
+    assert loss.item() == pytest.approx(seq_loss.item(), rel=1e-5, abs=1e-7)
+    for g1, g2 in zip(grads, seq_grads):
+        assert torch.allclose(g1, g2, atol=1e-6)
+
+
+def test_resume_after_kill_matches_uninterrupted_run(tmp_path):
+    common = ["algo=turn_ppo", "trainer.save_freq=1", "trainer.total_training_steps=3"]
+    full = build_trainer(micro_config(common, run_dir=tmp_path / "full"), log=_quiet)
+    full.fit()
+    # "killed" after step 2: a run that stops there, then a fresh process resumes it
+    part = build_trainer(micro_config(common + ["trainer.total_training_steps=2"], run_dir=tmp_path / "part"),
+                         log=_quiet)
+    part.fit()
+    resumed = build_trainer(micro_config(common + ["trainer.resume=true"], run_dir=tmp_path / "part"), log=_quiet)
+    assert resumed.step == 2
+    resumed.fit()
+
+    def rows(p):
+        return [json.loads(l) for l in (p / "metrics.jsonl").read_text().splitlines()]
+
+    a, b = rows(tmp_path / "full"), rows(tmp_path / "part")
+    assert [r["step"] for r in a] == [r["step"] for r in b] == [0, 1, 2, 3]
+    for ra, rb in zip(a, b):
+        for k in ra:
+            if k.startswith("perf/"):
+                continue
+            assert ra[k] == pytest.approx(rb[k], rel=1e-6, abs=1e-7), (ra["step"], k)
+    for p1, p2 in zip(full.actor.parameters(), resumed.actor.parameters()):
+        assert torch.allclose(p1, p2, atol=1e-6)
+
+
+@pytest.mark.parametrize("override,key", [
+    (["algo=grpo", "es_manager.train.group_size=1"], "group_size"),
+    (["es_manager.train.env_configs.n_groups=[5]"], "n_groups"),
+    (["ppo_mini_batch_size=99"], "ppo_mini_batch_size"),
+    (["actor_rollout_ref.actor.policy_loss.loss_mode=nope"], "loss_mode"),
+    (["algorithm.adv_estimator=nope"], "adv_estimator"),
+    (["custom_envs.SimpleSokoban.env_type=nope"], "env_type"),
+    (["algorithm.gamma=1.5"], "gamma"),
+    (["algo=turn_ppo", "critic.level=token"], "critic.level"),
+])
+def test_bad_config_fails_before_work_naming_the_key(override, key, tmp_path):
+    cfg = micro_config(override, run_dir=tmp_path)
+    with pytest.raises(ValueError, match=key.replace(".", r"\.")):
+        validate_config(cfg)
+
+
+def test_unknown_algo_or_env_group_is_a_clear_error():
+    from hydra.errors import MissingConfigException
+    with pytest.raises(MissingConfigException, match="nope"):
+        micro_config(["algo=nope"])
+
+
+def test_nonfinite_updates_are_skipped_then_stop(tmp_path):
+    cfg = micro_config(["algo=token_ppo", "trainer.max_nonfinite_steps=2", "trainer.total_training_steps=5"],
+                       run_dir=tmp_path)
+    tr = build_trainer(cfg, log=_quiet)
+    real = tr.actor_loss
+
+    def nan_loss(mb):
+        loss, m = real(mb)
+        return loss * float("nan"), m
+
+    tr.actor_loss = nan_loss
+    before = [p.detach().clone() for p in tr.actor.parameters()]
+    with pytest.raises(RuntimeError, match="non-finite"):
+        tr.fit()
+    assert tr.step == 1  # step 1 skipped its actor updates; step 2 skipped them again and stopped the run
+    assert all(torch.equal(a, b) for a, b in zip(before, tr.actor.parameters()))
+
+
+def test_eval_checkpoint_schema(tmp_path):
+    from ragen_turn.evaluate import evaluate_checkpoint, format_table
+
+    cfg = micro_config(["algo=grpo", "trainer.total_training_steps=1"], run_dir=tmp_path)
+    build_trainer(cfg, log=_quiet).fit()
+    ecfg = micro_config([], run_dir=tmp_path)
+    with open_dict(ecfg):
+        ecfg.checkpoint = str(tmp_path)
+    m = evaluate_checkpoint(ecfg)
+    for k in ("val/success", "val/reward", "val/turns", "val/invalid_action_rate", "episodes", "checkpoint"):
+        assert k in m
+    assert m["episodes"] == 2 and 0.0 <= m["val/success"] <= 1.0
+    table = format_table(m, "x")
+    assert table.splitlines()[0].startswith("| model | episodes | success")

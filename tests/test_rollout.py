@@ -1,0 +1,127 @@
+"""Rollout layer: prompts and token layout, action parsing, scripted solver rollouts."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ragen_turn.rollout import (
+    ChatFormatter,
+    ContextConfig,
+    EnvGroupManager,
+    TextPolicy,
+    Trajectory,
+    VAL_SEED_OFFSET,
+    parse_response,
+    run_episodes,
+)
+
+from helpers import micro_config, tiny_tokenizer
+
+
+@pytest.mark.parametrize("text,think,expected", [
+    ("<answer>Up</answer>", False, (["Up"], True)),
+    ("<answer> up || Left ||  </answer>", False, (["up", "Left"], True)),
+    ("<think>go</think><answer>Right</answer>", True, (["Right"], True)),
+    ("<answer>Right</answer>", True, ([], False)),  # think block required when enable_think
+    ("Up", False, ([], False)),
+    ("", False, ([], False)),
+    ("<answer></answer>", False, ([], False)),
+    ("<answer>Up", False, ([], False)),
+    ("x" * 10_000, False, ([], False)),
+    ("<answer>" + " || ".join(["Up"] * 9) + "</answer>", False, (["Up"] * 5, True)),
+])
+def test_parse_response(text, think, expected):
+    assert parse_response(text, ContextConfig(enable_think=think)) == expected
+
+
+def test_chat_template_layout_and_response_mask():
+    tok = tiny_tokenizer()
+    f = ChatFormatter(tok)
+    first = f.first_prompt("SYS", "hello")
+    text = tok.decode(first)
+    assert text.startswith("<|im_start|>system") and text.rstrip().endswith("<|im_start|>assistant")
+    resp = f.encode("<answer>Up</answer>") + [tok.convert_tokens_to_ids("<|im_end|>")]
+    nxt = f.env_turn("next obs", resp)
+    # the template's end-of-message is not repeated when the model sampled it
+    assert tok.decode(nxt).startswith("\n<|im_start|>user")
+    nxt2 = f.env_turn("next obs", resp[:-1])
+    assert tok.decode(nxt2).startswith("<|im_end|>")
+
+
+def _solver_policy(tok, per_turn=5, sep=" || "):
+    def respond(slot):
+        names = [slot.env.ACTION_LOOKUP[a] for a in slot.env.solve()[:per_turn]]
+        return "<answer>" + sep.join(names) + "</answer>"
+    return TextPolicy(tok, respond)
+
+
+def test_scripted_solver_rollout_reaches_success_one():
+    cfg = micro_config(["custom_envs.SimpleSokoban.max_actions_per_traj=100", "agent_proxy.max_turn=10", "actor_rollout_ref.rollout.response_length=16",
+                        "es_manager.train.env_groups=12", "es_manager.train.group_size=1"])
+    tok = tiny_tokenizer()
+    from ragen_turn.engines.local.trainer import context_config
+
+    envs = EnvGroupManager(cfg.custom_envs, cfg.es_manager.train, "train")
+    eps = run_episodes(envs.assign_seeds(0, 0), _solver_policy(tok), ChatFormatter(tok), context_config(cfg))
+    assert len(eps) == 12
+    assert all(e.success for e in eps)
+    assert all(e.format_errors == 0 and e.num_valid_actions == e.num_actions for e in eps)
+    # the last turn's reward holds the +10 of solving
+    assert all(e.turn_rewards[-1] > 9 for e in eps)
+    batch = Trajectory.from_episodes(eps, tok.pad_token_id)
+    # response_mask covers exactly the sampled answers, never template tokens
+    for b, e in enumerate(eps):
+        resp_text = tok.decode(batch.input_ids[b][batch.response_mask[b].bool()].tolist())
+        assert "<|im_start|>" not in resp_text and "<|im_end|>" not in resp_text
+        assert resp_text.count("<answer>") == e.num_turns
+    # turn ids agree with the runs of the response mask
+    from ragen_turn.algos import turn_ids_from_mask
+    assert torch.equal(turn_ids_from_mask(batch.response_mask), batch.turn_ids)
+
+
+def test_malformed_responses_are_penalised_not_crashes():
+    cfg = micro_config(["agent_proxy.max_turn=3"])
+    tok = tiny_tokenizer()
+    from ragen_turn.engines.local.trainer import context_config
+
+    junk = iter(["jump!!", "<answer>dance || Up</answer>", "\u00e9\u00e8 " * 50])
+    envs = EnvGroupManager(cfg.custom_envs, {"env_groups": 1, "group_size": 1,
+                                             "env_configs": {"tags": ["SimpleSokoban"], "n_groups": [1]}}, "train")
+    policy = TextPolicy(tok, lambda slot: next(junk))
+    (ep,) = run_episodes(envs.assign_seeds(0, 0), policy, ChatFormatter(tok), context_config(cfg))
+    assert ep.num_turns == 3 and ep.format_errors == 2
+    assert ep.num_actions == 2 and ep.num_valid_actions == 1
+    assert ep.turn_rewards[0] == pytest.approx(-0.1)
+
+
+def test_context_limit_truncates_episode():
+    cfg = micro_config(["agent_proxy.max_turn=5", "agent_proxy.max_context_tokens=160"])
+    tok = tiny_tokenizer()
+    from ragen_turn.engines.local.trainer import context_config
+
+    envs = EnvGroupManager(cfg.custom_envs, cfg.es_manager.train, "train")
+    policy = TextPolicy(tok, lambda slot: "<answer>Up</answer>")
+    eps = run_episodes(envs.assign_seeds(0, 0), policy, ChatFormatter(tok), context_config(cfg))
+    assert all(len(e.token_ids) <= 160 for e in eps)
+    assert all(e.truncated and 1 <= e.num_turns < 5 for e in eps)
+    too_small = micro_config(["agent_proxy.max_context_tokens=40"])
+    with pytest.raises(ValueError, match="max_context_tokens"):
+        run_episodes(envs.assign_seeds(0, 0), policy, ChatFormatter(tok), context_config(too_small))
+
+
+def test_seeds_groups_and_val_split():
+    cfg = micro_config(["es_manager.train.env_groups=3", "es_manager.train.group_size=2"])
+    train = EnvGroupManager(cfg.custom_envs, cfg.es_manager.train, "train")
+    s0 = [s.seed for s in train.assign_seeds(0, 0)]
+    assert s0[0] == s0[1] and s0[2] == s0[3] and len(set(s0)) == 3  # G rollouts share a seed
+    assert [s.seed for s in train.assign_seeds(0, 0)] == s0  # reproducible
+    assert [s.seed for s in train.assign_seeds(0, 1)] != s0  # fresh seeds each step
+    assert max(s0) < VAL_SEED_OFFSET
+    val = EnvGroupManager(cfg.custom_envs, cfg.es_manager.val, "val")
+    assert min(s.seed for s in val.assign_seeds(0, 5)) >= VAL_SEED_OFFSET
+    with pytest.raises(ValueError, match="n_groups"):
+        EnvGroupManager(cfg.custom_envs, {"env_groups": 2, "group_size": 1,
+                                          "env_configs": {"tags": ["SimpleSokoban"], "n_groups": [3]}})
+    with pytest.raises(ValueError, match="custom_envs"):
+        EnvGroupManager(cfg.custom_envs, {"env_groups": 1, "group_size": 1,
+                                          "env_configs": {"tags": ["Nope"], "n_groups": [1]}})

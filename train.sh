@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Usage: bash train.sh <env> <algo> [hydra overrides...]
+#   bash train.sh sokoban turn_ppo
+#   bash train.sh sokoban token_ppo algorithm.gamma=0.95 es_manager.train.env_groups=16 ppo_epochs=2
+#   bash train.sh sokoban turn_ppo --multirun +sweep=gamma_lambda
+set -euo pipefail
+cd "$(dirname "$0")"
+if [ $# -lt 2 ]; then
+  echo "usage: bash train.sh <env: sokoban|webshop> <algo: grpo|token_ppo|bi_level_gae|turn_ppo|turn_ppo_geo|turn_is|s_ppo|st_ppo> [overrides]" >&2
+  exit 2
+fi
+ENV_NAME=$1; ALGO=$2; shift 2
+PY=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
+exec "$PY" -m ragen_turn.train env="$ENV_NAME" algo="$ALGO" "$@"
