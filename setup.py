@@ -40,6 +40,9 @@ setup(
         "plot": ["matplotlib"],
         "smol": ["gguf", "accelerate"],
         "wandb": ["wandb"],
-        "gpu": ["verl[vllm]==0.9.1", "ray", "cachetools", "uvicorn", "fastapi", "pyzmq", "msgspec"],
+        # CPU: the verl engine's tests against verl 0.9.1 (no vllm)
+        "verl": ["verl==0.9.1", "cachetools", "uvicorn", "fastapi", "pyzmq", "msgspec"],
+        # GPU machines: verl with vLLM rollouts
+        "gpu": ["verl[vllm]==0.9.1", "cachetools", "uvicorn", "fastapi", "pyzmq", "msgspec"],
     },
 )

@@ -14,7 +14,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from ragen_turn.train import CONFIG_DIR
+from ragen_turn.train import CONFIG_DIR, quiet_transformers
 
 COLUMNS = [("success", "val/success"), ("mean reward", "val/reward"), ("mean turns", "val/turns"),
            ("invalid actions", "val/invalid_action_rate"), ("format errors", "val/format_error_rate")]
@@ -68,6 +68,7 @@ def evaluate_checkpoint(cfg: DictConfig) -> dict:
 
 @hydra.main(config_path=CONFIG_DIR, config_name="base", version_base="1.3")
 def main(cfg: DictConfig) -> None:
+    quiet_transformers()
     if "checkpoint" not in cfg:
         print("error: give the checkpoint: +checkpoint=DIR (or use eval.sh)", file=sys.stderr)
         sys.exit(2)

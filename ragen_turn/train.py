@@ -39,8 +39,17 @@ def run(cfg: DictConfig) -> dict:
     raise ValueError(f"engine.name must be local or verl, got {engine!r}")
 
 
+def quiet_transformers() -> None:
+    """One progress line per step is ours; transformers' load/save progress bars are noise here."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+
+
 @hydra.main(config_path=CONFIG_DIR, config_name="base", version_base="1.3")
 def main(cfg: DictConfig) -> None:
+    quiet_transformers()
     try:
         run(cfg)
     except (ValueError, FileNotFoundError) as e:  # config / input errors: one clear line, no traceback

@@ -116,7 +116,7 @@ def sft(model: torch.nn.Module, demos: Trajectory, cfg: DictConfig, device: torc
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        losses.append(float(loss))
+        losses.append(loss.item())
         if (step + 1) % max(1, int(ws.steps) // 5) == 0 or step == 0:
             log(f"[warmstart] sft step {step + 1}/{ws.steps}  nll {loss.item():.4f}  {time.time() - t0:.0f}s")
     model.eval()

@@ -40,25 +40,26 @@ def make(cache_dir):
 
 
 def run_expert(env: WebShopEnv, seed: int, mode=None):
-    """Search the goal's query (then its title if needed), page to the target, pick its options, buy."""
+    """Follow the env's expert (``env.solve()``) one action at a time until the episode ends."""
     env.reset(seed=seed, mode=mode)
-    goal = env.goal
-    target = f"click[{goal['asin'].lower()}]"
-    for query in (goal["query"], goal["name"]):
-        obs, r, done, info = env.step(f"search[{query}]")
-        assert info["action_is_valid"], obs
-        while target not in env.get_available_actions() and "click[next >]" in env.get_available_actions():
-            env.step("click[next >]")
-        if target in env.get_available_actions():
-            break
-        env.step("click[back to search]")
-    obs, r, done, info = env.step(target)
-    assert info["action_is_valid"] and env.page == "item", obs
-    opts = goal["goal_options"]
-    for value in (opts.values() if isinstance(opts, dict) else opts):
-        obs, r, done, info = env.step(f"click[{value}]")
-        assert info["action_is_valid"], (value, obs)
-    return env.step("click[buy now]")
+    return play_expert(env)
+
+
+def play_expert(env: WebShopEnv, check_plan: bool = True):
+    """Step ``env.solve()[0]`` until done; every planned action is valid and the plan stays consistent."""
+    plan = env.solve()
+    while True:
+        action = plan[0]
+        assert action.startswith("search[") or action in env.get_available_actions(), (action, env.render())
+        obs, r, done, info = env.step(action)
+        assert info["action_is_valid"] and info["action_is_effective"], (action, obs)
+        new = env.solve()
+        if check_plan:
+            assert new == plan[1:], (action, plan, new)  # the plan from the next state is the rest of this one
+        if done:
+            assert new == []
+            return obs, r, done, info
+        plan = new
 
 
 # ---------------------------------------------------------------------------------------------- loader
@@ -364,6 +365,33 @@ def test_observation_is_short_and_truncated(make):
     assert f"[clicked button] {value} [clicked button_]" in obs and "You have selected" in obs
 
 
+def test_compact_observation_mode(make):
+    env, full = make(observation_mode="compact"), make()
+    obs = env.reset(seed=2)
+    assert obs.splitlines() == ["WebShop", "Instruction: " + env.goal["instruction_text"], "Search"]
+    assert env.config.show_available_actions is False and full.config.show_available_actions is True
+    assert make(observation_mode="compact", show_available_actions=True).config.show_available_actions
+    full.reset(seed=2)
+    for action in env.solve()[:-1]:
+        obs, _, _, info = env.step(action)
+        full_obs, _, _, _ = full.step(action)
+        assert info["action_is_valid"] and env._state_key() == full._state_key()
+        assert "[SEP]" not in obs and "Available actions" not in obs and "Instruction" not in obs
+        assert len(obs) < 0.8 * len(full_obs)
+        if env.page == "results":  # one line per result; every label on the page
+            lines = obs.splitlines()
+            for a in env.get_available_actions():
+                label = a[6:-1]
+                assert any(line.lower().startswith(label) or line.lower() == label for line in lines), label
+            p = env.catalog.product(env.results[0])
+            assert f"{p.asin} {p.name} {p.price_tag}" in lines
+    assert env.page == "item" and ("You have selected" in obs) == bool(env.options)
+    *_, info = play_expert(env)
+    assert info["reward"] == 1.0
+    with pytest.raises(ValueError):
+        WebShopEnvConfig(show_available_actions="yes")
+
+
 @pytest.mark.parametrize("action,reason", [
     ("click[nothing here]", "not a clickable label"),
     ("search[shoes]", "no search box"),
@@ -427,6 +455,108 @@ def test_scripted_expert_scores_one_on_20_goals(make):
         assert info.get("r_option", 1.0) == 1.0 and info["query_match"] and info["category_match"]
         assert abs(info["w_att"] + info.get("w_option", 0.0) + info["w_price"] - 1.0) < 1e-9
         assert "Thank you for shopping" in obs and env.get_available_actions() == []
+
+
+def test_solve_plans_from_the_search_page(make):
+    env = make(split="train")
+    for seed in range(20):
+        env.reset(seed=seed)
+        g = env.goal
+        plan = env.solve()
+        assert plan[0] == f"search[{g['query']}]" and plan[-1] == "click[buy now]"
+        assert f"click[{g['asin'].lower()}]" in plan
+        assert set(plan[1:plan.index(f"click[{g['asin'].lower()}]")]) <= {"click[next >]"}
+        assert len(plan) <= 9  # fits WebShop's 9-turn budget (config/env/webshop.yaml)
+        assert env.turns == 0 and env.page == "search" and env.solve() == plan  # solve() does not step the env
+    with pytest.raises(RuntimeError, match="reset"):
+        make().solve()
+
+
+def test_solve_step_by_step_scores_one_on_20_goals(make):
+    env = make(split="train")
+    for seed in range(20):
+        env.reset(seed=seed)
+        steps = 0
+        while not env.done:
+            obs, r, done, info = env.step(env.solve()[0])
+            steps += 1
+        assert r == 1.0 and info["success"] and info["exact_product"] and steps <= 9, (seed, info)
+        assert env.solve() == []
+
+
+def test_solve_recovers_from_wrong_actions(make):
+    env = make(split="train", max_turns=40)
+    for seed in range(20):
+        env.reset(seed=seed)
+        g = env.goal
+        target = f"click[{g['asin'].lower()}]"
+        env.step(env.solve()[0])  # the search
+        wrong = next(a for a in env.get_available_actions() if a not in NAV and a != target)
+        env.step(wrong)  # a wrong product
+        assert env.page == "item" and env.solve()[0] == "click[< prev]"
+        env.step("click[description]")  # a sub page of the wrong product
+        assert env.solve()[0] in ("click[< prev]", "click[back to search]")
+        *_, info = play_expert(env)
+        assert info["reward"] == 1.0 and info["exact_product"], (seed, info)
+
+        # a search that misses the target, then paging away: back to search
+        env.reset(seed=seed)
+        env.step("search[zzzz qqqq]")
+        assert env.solve()[0] == "click[back to search]"
+        *_, info = play_expert(env)
+        assert info["reward"] == 1.0
+
+        # the target with a wrong option selected, seen from its reviews page
+        env.reset(seed=seed)
+        while env.page != "item":
+            env.step(env.solve()[0])
+        p = env.product
+        opts = g["goal_options"]
+        goal_values = set(opts.values() if isinstance(opts, dict) else opts)
+        other = next((v for vs in p.options.values() for v in vs if v not in goal_values), None)
+        if other is not None:
+            env.step(f"click[{other}]")
+        env.step("click[reviews]")
+        assert env.solve()[0] == "click[< prev]"
+        *_, info = play_expert(env)
+        assert info["reward"] == 1.0 and info.get("r_option", 1.0) == 1.0
+
+        # the target on a later results page, after paging past it
+        env.reset(seed=seed)
+        env.step(env.solve()[0])
+        while "click[next >]" in env.get_available_actions() and target in env.get_available_actions():
+            env.step("click[next >]")
+        *_, info = play_expert(env)
+        assert info["reward"] == 1.0
+
+
+def test_solve_random_detours_and_other_modes(make):
+    import random
+
+    rng = random.Random(0)
+    for kw in ({"split": "all"}, {"split": "all", "observation_mode": "text_rich", "show_attrs": True},
+               {"split": "all", "observation_mode": "compact"}, {"split": "all", "human_goals": False}):
+        env = make(max_turns=60, **kw)
+        for trial in range(60):
+            env.reset(seed=trial)
+            for _ in range(rng.randint(0, 8)):
+                acts = [a for a in env.get_available_actions() if a != "click[buy now]"]
+                a = rng.choice(acts)
+                if a.startswith("search["):
+                    a = f"search[{rng.choice(['tea', 'shoes', 'black', env.goal['query']])}]"
+                env.step(a)
+            *_, info = play_expert(env)
+            assert info["reward"] == 1.0 and info["exact_product"], (kw, trial, info)
+
+
+def test_solve_falls_back_to_the_best_found_product(make):
+    env = make(split="all")
+    env.reset(seed=0)
+    env.goal = dict(env.goal, asin="B000000000")  # a goal product that no search can show
+    plan = env.solve()
+    assert plan[0].startswith("search[") and plan[-1] == "click[buy now]"
+    *_, info = play_expert(env)
+    assert info["reward"] > 0.5 and not info["exact_product"]
 
 
 def test_wrong_purchases_score_below_one_with_the_right_part_missing(make):

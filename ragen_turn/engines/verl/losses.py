@@ -1,0 +1,48 @@
+"""The actor loss the verl engine installs: verl's ``ppo_loss`` plus the mini-batch turn count.
+
+verl normalises a micro-batch's loss by counts over the whole (global) mini-batch, which it only
+knows for tokens and sequences. ``turn_ppo``'s default ``turn-mean`` needs the number of turns in
+the mini-batch: the trainer computes it per row (:func:`minibatch_turn_counts`) into the batch field
+``ragen_minibatch_turns``, and this wrapper hands it to the policy loss through
+``config.global_batch_info["batch_num_turns"]`` (see ``register.global_scale``).
+"""
+from __future__ import annotations
+
+import torch
+from verl.workers.utils.losses import ppo_loss
+
+TURNS_FIELD = "ragen_minibatch_turns"
+
+
+def ppo_loss_with_turn_counts(config, model_output, data, dp_group=None):
+    counts = data.get(TURNS_FIELD, None) if hasattr(data, "get") else None
+    if counts is not None:
+        values = counts.values() if getattr(counts, "is_nested", False) else counts
+        config.global_batch_info["batch_num_turns"] = float(values.reshape(-1)[0])
+    else:
+        config.global_batch_info.pop("batch_num_turns", None)
+    return ppo_loss(config, model_output, data, dp_group)
+
+
+def minibatch_turn_counts(turns_per_row: torch.Tensor, mini_batch_size: int, dp_size: int) -> torch.Tensor:
+    """For every row, the number of turns in the global mini-batch it is trained in.
+
+    verl's update splits the batch into ``dp_size`` contiguous chunks (one per data-parallel rank) and
+    each rank walks its chunk in order (``actor.shuffle=false``) in mini-batches of
+    ``mini_batch_size / dp_size`` rows; global mini-batch j is the union of every rank's j-th one.
+
+    Args:
+        turns_per_row: ``[B]`` turns of each row (in the order sent to the workers).
+    Returns:
+        ``[B]`` float.
+    """
+    B = int(turns_per_row.shape[0])
+    if B % dp_size or mini_batch_size % dp_size:
+        raise ValueError(f"batch {B} and mini-batch {mini_batch_size} must be multiples of dp size {dp_size}")
+    per_rank, per_mb = B // dp_size, mini_batch_size // dp_size
+    if per_rank % per_mb:
+        raise ValueError(f"mini-batch {mini_batch_size} must divide the batch {B}")
+    pos = torch.arange(B)
+    mb = (pos % per_rank) // per_mb
+    totals = torch.zeros(per_rank // per_mb, dtype=torch.float64).index_add(0, mb, turns_per_row.double())
+    return totals[mb].float()

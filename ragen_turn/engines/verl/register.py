@@ -1,0 +1,148 @@
+"""Register our policy losses and turn-level GAE in verl's registries (thin adapters over ``ragen_turn.algos``).
+
+Importing this module registers ``turn_ppo``, ``turn_ppo_geo``, ``turn_is``, ``s_ppo``, ``st_ppo`` (and
+``token_ppo``) with ``verl.trainer.ppo.core_algos.register_policy_loss`` and ``turn_gae`` with
+``register_adv_est``. Registries live in each process, so every Ray worker must import it: the verl
+engine sets ``VERL_USE_EXTERNAL_MODULES`` (read by ``import verl``) and
+``actor_rollout_ref.model.external_lib`` to this module.
+
+The maths is ``ragen_turn.algos``; an adapter only
+- reads our knobs from verl's ``ActorConfig`` (``clip_ratio_low/high`` and ``policy_loss.{ratio_mode,
+  clip_bias, clip_bias_level, loss_agg_mode}``, see :class:`~.config.RagenPolicyLossConfig`),
+- takes the turns from the runs of 1s in ``response_mask`` (all a registered loss sees), and
+- rescales the micro-batch mean to verl's global mini-batch normalisation: verl back-propagates each
+  micro-batch loss as is, so a loss must be ``sum over its units / (units in the global mini-batch) *
+  dp_size`` (``config.global_batch_info``, as verl's own ``agg_loss`` does).
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, Optional
+
+import torch
+from verl.trainer.ppo import core_algos as verl_algos
+
+from ragen_turn import algos
+from ragen_turn.algos.losses import cfg_get
+
+POLICY_LOSSES = ("token_ppo", "turn_ppo", "turn_ppo_geo", "turn_is", "s_ppo", "st_ppo")
+TURN_UNIT_LOSSES = ("turn_ppo", "turn_ppo_geo")
+ADV_ESTIMATORS = ("turn_gae",)
+_KNOBS = ("ratio_mode", "clip_bias", "clip_bias_level", "loss_agg_mode", "log_ratio_clamp")
+
+
+def core_config(config: Any) -> Dict[str, Any]:
+    """Our loss config (a plain dict) from verl's ``ActorConfig`` or a dict of the same keys."""
+    out: Dict[str, Any] = {}
+    if config is None:
+        return out
+    for key in ("clip_ratio_low", "clip_ratio_high"):
+        val = cfg_get(config, key)
+        if val is not None:
+            out[key] = float(val)
+    sub = config.get("policy_loss") if hasattr(config, "get") else getattr(config, "policy_loss", None)
+    for key in _KNOBS:
+        val = cfg_get(sub, key) if sub is not None else None
+        if val is None:
+            val = cfg_get(config, key) if isinstance(config, dict) else None
+        if val is not None:
+            out[key] = val
+    return out
+
+
+def _batch_info(config: Any) -> Dict[str, Any]:
+    info = cfg_get(config, "global_batch_info") if config is not None else None
+    return dict(info or {})
+
+
+def global_scale(name: str, response_mask: torch.Tensor, agg: Optional[str], info: Dict[str, Any]) -> float:
+    """Factor that turns the loss's local mean into verl's global mini-batch normalisation.
+
+    Units and normalisers (local count / global count, times ``dp_size``):
+    - token-unit losses, ``token-mean`` and ``turn_ppo`` with ``token-mean``: response tokens /
+      ``batch_num_tokens``;
+    - ``seq-mean-token-mean``: rows with a response / ``global_batch_size``;
+    - ``turn_ppo`` with ``turn-mean``: turns / ``batch_num_turns`` (set by the verl trainer, which
+      knows each mini-batch's turn count); without it, rows / ``global_batch_size`` (each
+      micro-batch's turn mean weighted by its share of episodes).
+    With no batch info (a direct call) the factor is 1: the plain mean of this batch.
+    """
+    dp = int(info.get("dp_size") or 1)
+    mask = response_mask.bool()
+    rows = float((mask.sum(dim=1) > 0).sum())
+    default = "turn-mean" if name in TURN_UNIT_LOSSES else "token-mean"
+    agg = agg or default
+    if agg == "token-mean":
+        n_global = info.get("batch_num_tokens")
+        return float(mask.sum()) / float(n_global) * dp if n_global else 1.0
+    if agg == "turn-mean":
+        n_turns = info.get("batch_num_turns")
+        if n_turns:
+            local = float((algos.turn_ids_from_mask(mask).max(dim=1).values + 1).sum())
+            return local / float(n_turns) * dp
+    n_seq = info.get("global_batch_size")
+    return rows / float(n_seq) * dp if n_seq else 1.0
+
+
+def make_policy_loss(name: str):
+    """verl-signature adapter over ``ragen_turn.algos``'s loss ``name``."""
+    core = algos.get_policy_loss_fn(name)
+
+    def policy_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode: str = "token-mean",
+                    config=None, rollout_is_weights=None):
+        # verl's actor-level loss_agg_mode aggregates entropy/KL; ours comes from policy_loss.loss_agg_mode
+        cfg = core_config(config)
+        agg = cfg.pop("loss_agg_mode", None)
+        loss, metrics = core(old_log_prob, log_prob, advantages, response_mask, agg, cfg, rollout_is_weights)
+        return loss * global_scale(name, response_mask, agg, _batch_info(config)), metrics
+
+    policy_loss.__name__ = f"compute_policy_loss_{name}_verl"
+    policy_loss.__doc__ = f"verl adapter of ragen_turn.algos policy loss {name!r}.\n\n{core.__doc__ or ''}"
+    return policy_loss
+
+
+@torch.no_grad()
+def compute_turn_gae_advantage(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, config=None,
+                               values: Optional[torch.Tensor] = None, turn_ids: Optional[torch.Tensor] = None,
+                               **kwargs):
+    """verl advantage estimator ``turn_gae`` (Turn-PPO), over ``ragen_turn.algos.compute_turn_gae``.
+
+    Args:
+        token_level_rewards: ``[B, R]``; r_h = the sum over turn h's tokens (verl puts an episode's
+            score on its last response token, i.e. a terminal reward on the last turn).
+        response_mask: ``[B, R]``; turns are its runs of 1s unless ``turn_ids`` is given.
+        config: verl's ``algorithm`` config: ``gamma``, ``lam`` (1.0 if absent, as verl), ``norm_adv``
+            (whiten over turns, default true).
+        values: ``[B, R]`` critic values in verl's layout (V(s_h) = the value at turn h's first
+            token). verl's stock ``compute_advantage`` never passes values to a custom estimator; then
+            V = 0 and the advantages are turn-level discounted returns (the verl engine's trainer passes them).
+    Returns:
+        advantages, returns: ``[B, R]``, turn h's value on every token of turn h.
+    """
+    mask = response_mask.float()
+    if turn_ids is None:
+        turn_ids = algos.turn_ids_from_mask(response_mask)
+    H = max(algos.num_turns(turn_ids), 1)
+    tmask = algos.turn_mask_from_ids(turn_ids, H)
+    rewards = algos.turn_sums(token_level_rewards.float() * mask, turn_ids, H)
+    tvalues = algos.turn_start_values(values.float(), turn_ids, H) if values is not None else torch.zeros_like(rewards)
+    gamma = float(cfg_get(config, "gamma", 1.0))
+    lam = float(cfg_get(config, "lam", 1.0))
+    adv, ret = algos.compute_turn_gae(rewards, tvalues, tmask, gamma, lam)
+    if bool(cfg_get(config, "norm_adv", True)):
+        adv = algos.masked_whiten(adv, tmask)
+    return algos.scatter_turns(adv, turn_ids) * mask, algos.scatter_turns(ret, turn_ids) * mask
+
+
+def register_all() -> None:
+    """Idempotent: (re)register our names in this process's verl registries."""
+    for name in POLICY_LOSSES:
+        fn = verl_algos.POLICY_LOSS_REGISTRY.get(name)
+        if fn is None or getattr(fn, "__module__", None) != __name__:
+            verl_algos.register_policy_loss(name)(make_policy_loss(name))
+    current = verl_algos.ADV_ESTIMATOR_REGISTRY.get("turn_gae")
+    if current is not compute_turn_gae_advantage:
+        verl_algos.ADV_ESTIMATOR_REGISTRY.pop("turn_gae", None)
+        verl_algos.register_adv_est("turn_gae")(compute_turn_gae_advantage)
+
+
+register_all()

@@ -1,0 +1,432 @@
+"""``StarPOTrainer`` / ``TurnPPOTrainer`` on verl: subclasses of verl's ``RayPPOTrainer`` (the v0 path).
+
+Like RAGEN's ``RayAgentTrainer`` there is no dataset: every step plays ``es_manager.train`` env groups
+through the registered agent loop ``ragen_turn_env`` (:mod:`.agent_loop`), then runs the PPO step
+with the trainer's own helpers (``_compute_old_log_prob``, ``_compute_ref_log_prob``,
+``_compute_values``, ``_update_critic``, ``_update_actor``, ``_save_checkpoint`` ...)::
+
+    rollout     agent loop -> verl layout (prompts | responses, response_mask, turn ids, turn rewards)
+    filter      StarPO-S: keep the top rollout_filter_ratio env groups
+    score       old log-probs, reference log-probs (KL on), critic values
+    advantages  the local engine's code (ragen_turn.algos): grpo | token_gae | bi_level_gae | turn_gae
+    critic      token critic: every response token; turn critic: only turn starts (see below)
+    actor       verl's ppo_loss calling our registered policy loss (see register.py)
+
+verl's stock ``compute_advantage`` never passes critic values to a custom estimator, so advantages
+are computed here. verl's critic gives ``values[:, i]`` from the hidden state just before response
+token i, so V(s_h) is the value at the first token of turn h; the turn critic is trained with verl's
+own value loss on a batch whose ``response_mask`` is the turn-start mask and whose ``returns`` hold
+the turn returns there (verl then normalises by the number of turns in the mini-batch).
+
+Started by :func:`ragen_turn.engines.verl.launch` via ``verl.trainer.main_ppo.run_ppo(config,
+task_runner_class=TaskRunner)``.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from functools import partial
+from pathlib import Path
+from typing import Any, Dict, List, Sequence
+
+import numpy as np
+import ray
+import torch
+from omegaconf import DictConfig, OmegaConf, open_dict
+from verl import DataProto
+from verl.protocol import pad_dataproto_to_divisor, unpad_dataproto
+from verl.trainer.main_ppo_v0 import BaseTaskRunner
+from verl.trainer.ppo.core_algos import agg_loss
+from verl.trainer.ppo.metric_utils import compute_data_metrics, compute_throughout_metrics, compute_timing_metrics
+from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+from verl.utils.debug import marked_timer
+from verl.utils.metric import reduce_metrics
+
+from ragen_turn.algos import check_turn_ids, place_turn_rewards, turn_boundaries, turn_mask_from_ids
+from ragen_turn.engines.local import trainer as local
+from ragen_turn.rollout import EnvSlot, Trajectory
+from ragen_turn.rollout.env_manager import EnvGroupManager, parse_split
+
+from . import register  # noqa: F401  (our losses / estimators in the driver's registries too)
+from .agent_loop import episode_from_summary
+from .config import AGENT_LOOP_NAME
+from .losses import TURNS_FIELD, minibatch_turn_counts, ppo_loss_with_turn_counts
+
+TRAIN_KEYS = ("input_ids", "attention_mask", "position_ids", "prompts", "responses", "response_mask")
+
+
+# ------------------------------------------------------------------------------------------------
+# pure helpers (CPU-testable): env plan, rollout batch <-> our tensors, filtering, critic batch
+# ------------------------------------------------------------------------------------------------
+class SeedPlan(EnvGroupManager):
+    """``EnvGroupManager``'s slots and seeds without building envs (those live in the agent-loop workers).
+
+    Same groups, order and seeds as the local engine (``assign_seeds`` is inherited).
+    """
+
+    def __init__(self, custom_envs, split_cfg, split: str = "train"):
+        self.split = split
+        groups, self.env_groups, self.group_size = parse_split(custom_envs, split_cfg, split)
+        self.slots: List[EnvSlot] = []
+        gid = 0
+        for tag, n, _spec in groups:
+            for _ in range(n):
+                self.slots.extend(EnvSlot(env=None, tag=tag, group_id=gid, instruction="", max_actions=0)
+                                  for _ in range(self.group_size))
+                gid += 1
+
+    def close(self) -> None:
+        return None
+
+
+def gen_batch(slots: Sequence[EnvSlot], split: str, step: int) -> DataProto:
+    """The agent loop's input: one sample per env slot (no tensors; verl passes the fields to ``run``)."""
+    n = len(slots)
+
+    def arr(values, dtype=object):
+        return np.array(list(values), dtype=dtype)
+
+    return DataProto.from_dict(non_tensors={
+        "agent_name": arr([AGENT_LOOP_NAME] * n),
+        "env_tag": arr(s.tag for s in slots),
+        "env_seed": arr((s.seed for s in slots), np.int64),
+        "group_id": arr((s.group_id for s in slots), np.int64),
+        "uid": arr(f"{split}-{step}-{s.group_id}" for s in slots),
+        "raw_prompt": arr(f"{s.tag} seed={s.seed}" for s in slots),
+    })
+
+
+def to_trajectory(batch: DataProto) -> Trajectory:
+    """Our ``Trajectory`` in verl's response coordinates (column i = response token i).
+
+    Reads ``responses``, ``attention_mask``, ``response_mask`` and the agent loop's ``turn_ids``,
+    ``turn_rewards`` and ``ragen_episode`` fields; ``values`` too when present.
+    """
+    responses = batch.batch["responses"]
+    B, R = responses.shape
+    response_mask = batch.batch["response_mask"].float()
+    turn_ids = torch.full((B, R), -1, dtype=torch.long)
+    for i, ids in enumerate(batch.non_tensor_batch["turn_ids"]):
+        ids = list(ids)[:R]
+        turn_ids[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+    check_turn_ids(turn_ids, response_mask)
+    episodes = [episode_from_summary(d) for d in batch.non_tensor_batch["ragen_episode"]]
+    H = max(max(e.num_turns for e in episodes), 1)
+    turn_rewards = torch.zeros(B, H)
+    turn_mask = torch.zeros(B, H)
+    for i, e in enumerate(episodes):
+        turn_rewards[i, : e.num_turns] = torch.tensor(e.turn_rewards, dtype=torch.float32)
+        turn_mask[i, : e.num_turns] = 1.0
+    if not torch.equal(turn_mask, turn_mask_from_ids(turn_ids, H)):
+        raise ValueError("turn_rewards and turn_ids disagree on the number of turns of some episode")
+    prompt_len = batch.batch["prompts"].shape[1]
+    traj = Trajectory(
+        input_ids=responses, attention_mask=batch.batch["attention_mask"][:, prompt_len:], response_mask=response_mask,
+        turn_ids=turn_ids, turn_rewards=turn_rewards, turn_mask=turn_mask,
+        group_ids=torch.tensor([e.group_id for e in episodes], dtype=torch.long),
+        success=torch.tensor([float(e.success) for e in episodes]),
+        episode_rewards=torch.tensor([e.total_reward for e in episodes]), episodes=episodes)
+    if "values" in batch.batch.keys():
+        traj.values = batch.batch["values"].float() * response_mask
+    return traj
+
+
+def kept_rows(group_ids: torch.Tensor, episode_rewards: torch.Tensor, ratio: float, kind: str) -> torch.Tensor:
+    """StarPO-S: rows of the top ``ratio`` env groups by reward std (or mean); same rule as the local engine."""
+    uniq = group_ids.unique()
+    if ratio >= 1.0:
+        return torch.arange(len(group_ids))
+    score = []
+    for g in uniq.tolist():
+        rew = episode_rewards[group_ids == g]
+        score.append(float(rew.std(unbiased=False)) if kind == "std" else float(rew.mean()))
+    k = max(1, int(round(len(uniq) * ratio)))
+    keep = uniq[torch.tensor(score).argsort(descending=True, stable=True)[:k]]
+    return torch.isin(group_ids, keep).nonzero().flatten()
+
+
+def turn_start_mask(turn_ids: torch.Tensor, turn_mask: torch.Tensor) -> torch.Tensor:
+    """``[B, R]`` 1 at the first token of every turn (where verl's critic reads V(s_h))."""
+    H = turn_mask.shape[1]
+    starts, _ = turn_boundaries(turn_ids, H)
+    out = torch.zeros(turn_ids.shape, dtype=torch.float32)
+    return out.scatter_add(1, starts, turn_mask.float()).clamp(max=1.0)
+
+
+def critic_batch(batch: DataProto, traj: Trajectory, level: str) -> DataProto:
+    """The batch verl's critic update trains on.
+
+    ``token``: values/returns on every response token (``response_mask`` as sampled).
+    ``turn``: ``response_mask`` = the turn-start mask, ``returns`` = return_h at turn h's first token,
+    so verl's value loss is exactly ours on the turn positions (clipped, 0.5 * max, mean over turns).
+    """
+    tensors = {k: batch.batch[k] for k in TRAIN_KEYS}
+    tensors["values"] = batch.batch["values"]
+    if level == "turn":
+        starts, _ = turn_boundaries(traj.turn_ids, traj.turn_mask.shape[1])
+        tmask = traj.turn_mask.float()
+        tensors["response_mask"] = turn_start_mask(traj.turn_ids, traj.turn_mask).to(batch.batch["response_mask"].dtype)
+        tensors["returns"] = torch.zeros_like(traj.response_mask).scatter_add(1, starts, traj.turn_returns * tmask)
+    else:
+        tensors["returns"] = batch.batch["returns"]
+    return DataProto.from_dict(tensors=tensors, meta_info=dict(batch.meta_info))
+
+
+# ------------------------------------------------------------------------------------------------
+class _NoDataLoader:
+    """Stands in for verl's train dataloader: checkpoints save/restore its state, and there is no dataset."""
+
+    def __init__(self, steps: int):
+        self.steps = max(1, int(steps))
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        return None
+
+
+class StarPOTrainer(RayPPOTrainer):
+    """RAGEN's StarPO loop on verl: grpo / token_ppo / bi_level_gae / s_ppo (token critic or none)."""
+
+    local_cls = local.StarPOTrainer
+
+    def __init__(self, config: DictConfig, tokenizer, role_worker_mapping, resource_pool_manager,
+                 ray_worker_group_cls, processor=None):
+        self.rcfg = OmegaConf.create(OmegaConf.to_container(config.ragen, resolve=True))
+        super().__init__(config=config, tokenizer=tokenizer, role_worker_mapping=role_worker_mapping,
+                         resource_pool_manager=resource_pool_manager, ray_worker_group_cls=ray_worker_group_cls,
+                         processor=processor)
+        # the local engine's advantage / reward-normalisation code, without its models
+        self.algo = self.local_cls.__new__(self.local_cls)
+        self.algo.cfg = self.rcfg
+        self.train_plan = SeedPlan(self.rcfg.custom_envs, self.rcfg.es_manager.train, "train")
+        self.val_plan = SeedPlan(self.rcfg.custom_envs, self.rcfg.es_manager.val, "val")
+        self.out_dir = Path(self.rcfg.trainer.default_local_dir)
+        self.metrics_path = self.out_dir / "metrics.jsonl"
+
+    def _create_dataloader(self, train_dataset, val_dataset, collate_fn, train_sampler):
+        total = int(self.config.trainer.total_training_steps)
+        self.total_training_steps = total
+        self.train_dataset = self.val_dataset = None
+        self.train_dataloader = self.val_dataloader = _NoDataLoader(total)
+        with open_dict(self.config):
+            self.config.actor_rollout_ref.actor.optim.total_training_steps = max(total, 1)
+            self.config.critic.optim.total_training_steps = max(total, 1)
+
+    def init_workers(self):
+        super().init_workers()
+        from verl.utils.config import omega_conf_to_dataclass
+
+        actor_cfg = omega_conf_to_dataclass(self.config.actor_rollout_ref.actor)
+        self.actor_rollout_wg.set_loss_fn(partial(ppo_loss_with_turn_counts, config=actor_cfg))
+
+    # ---------------------------------------------------------------------------------- rollout
+    def rollout(self, slots: Sequence[EnvSlot], split: str, step: int) -> tuple[DataProto, Dict[str, float]]:
+        batch = gen_batch(slots, split, step)
+        batch.meta_info.update(validate=split == "val", global_steps=step)
+        padded, pad = pad_dataproto_to_divisor(batch, int(self.config.actor_rollout_ref.rollout.agent.num_workers))
+        out = self.async_rollout_manager.generate_sequences(padded)
+        out = unpad_dataproto(out, pad)
+        timing = out.meta_info.pop("timing", {})
+        out.meta_info = {}
+        return out, timing
+
+    def _validate(self, merged: bool = False) -> Dict[str, float]:
+        out, _ = self.rollout(self.val_plan.assign_seeds(self.rcfg.seed, 0), "val", self.global_steps)
+        return local.episode_metrics(to_trajectory(out), "val")
+
+    # ---------------------------------------------------------------------------------- one step
+    def compute_advantages(self, batch: DataProto, traj: Trajectory) -> None:
+        self.algo.read_values(traj)
+        self.algo.compute_advantages(traj)
+        mask = batch.batch["response_mask"].float()
+        batch.batch["advantages"] = traj.advantages.float() * mask
+        batch.batch["returns"] = traj.returns.float() * mask
+        rewards = place_turn_rewards(self.algo.normalized_turn_rewards(traj), traj.turn_ids)
+        batch.batch["token_level_scores"] = rewards
+        batch.batch["token_level_rewards"] = rewards
+
+    def train_step(self) -> Dict[str, float]:
+        metrics: Dict[str, float] = {}
+        timing: Dict[str, float] = {}
+        step = self.global_steps
+        with marked_timer("step", timing):
+            with marked_timer("gen", timing):
+                batch, gen_timing = self.rollout(self.train_plan.assign_seeds(self.rcfg.seed, step), "train", step)
+                self.checkpoint_manager.sleep_replicas()
+            timing.update(gen_timing)
+            traj = to_trajectory(batch)
+            metrics.update(local.episode_metrics(traj, "env"))
+            r = self.rcfg.actor_rollout_ref.rollout
+            keep = kept_rows(traj.group_ids, traj.episode_rewards, r.rollout_filter_ratio, r.rollout_filter_type)
+            if len(keep) < len(batch):
+                batch = batch.select_idxs(keep)
+            batch.meta_info["temperature"] = self.config.actor_rollout_ref.rollout.temperature
+            if self.config.trainer.balance_batch:
+                self._balance_batch(batch, metrics=metrics)
+            batch.meta_info["global_token_num"] = torch.sum(batch.batch["attention_mask"], dim=-1).tolist()
+            batch.meta_info["images_seqlens"] = []
+
+            with marked_timer("old_log_prob", timing):
+                old, mfu = self._compute_old_log_prob(batch)
+                entropys = old.batch.pop("entropys")
+                a = self.config.actor_rollout_ref.actor
+                metrics["actor/entropy"] = agg_loss(loss_mat=entropys, loss_mask=batch.batch["response_mask"],
+                                                    loss_agg_mode=a.loss_agg_mode).item()
+                metrics["perf/mfu/actor_infer"] = mfu
+                batch = batch.union(old)
+            if self.use_reference_policy:
+                with marked_timer("ref", timing):
+                    batch = batch.union(self._compute_ref_log_prob(batch))
+            if self.use_critic:
+                with marked_timer("values", timing):
+                    batch = batch.union(self._compute_values(batch))
+
+            with marked_timer("adv", timing):
+                traj = to_trajectory(batch)  # after filtering / balancing: same rows as the batch
+                self.compute_advantages(batch, traj)
+                adv = batch.batch["advantages"][batch.batch["response_mask"].bool()]
+                metrics["adv/mean"] = float(adv.mean()) if adv.numel() else 0.0
+                metrics["adv/std"] = float(adv.std()) if adv.numel() > 1 else 0.0
+            if not torch.isfinite(adv).all():
+                raise RuntimeError(f"step {step}: non-finite advantages (check the rewards and the critic)")
+
+            if self.use_critic:
+                with marked_timer("update_critic", timing):
+                    out = self._update_critic(critic_batch(batch, traj, self.rcfg.critic.level))
+                metrics.update(reduce_metrics(out.meta_info["metrics"]))
+                if "critic/vf_loss" in metrics:  # our name (DESIGN.md) for verl's
+                    metrics["critic/value_loss"] = metrics["critic/vf_loss"]
+
+            with marked_timer("update_actor", timing):
+                dp = self._get_dp_size(self.actor_rollout_wg, "actor")
+                mini = int(self.config.actor_rollout_ref.actor.ppo_mini_batch_size)
+                keys = list(TRAIN_KEYS) + ["old_log_probs", "advantages"]
+                if "ref_log_prob" in batch.batch.keys():
+                    keys.append("ref_log_prob")
+                actor_batch = DataProto.from_dict(tensors={k: batch.batch[k] for k in keys},
+                                                  meta_info=dict(batch.meta_info))
+                actor_batch.batch[TURNS_FIELD] = minibatch_turn_counts(traj.turn_mask.sum(dim=1), mini, dp)
+                out = self._update_actor(actor_batch)
+            metrics.update(reduce_metrics(out.meta_info["metrics"]))
+            with marked_timer("update_weights", timing):
+                self.checkpoint_manager.update_weights(step + 1)
+
+        metrics.update(compute_data_metrics(batch=batch, use_critic=self.use_critic))
+        if "critic/vf_explained_var" in metrics:
+            metrics["critic/explained_var"] = metrics["critic/vf_explained_var"]
+        metrics.update(compute_timing_metrics(batch=batch, timing_raw=timing))
+        metrics.update(compute_throughout_metrics(batch=batch, timing_raw=timing,
+                                                  n_gpus=self.resource_pool_manager.get_n_gpus()))
+        metrics["perf/step_s"] = timing["step"]
+        metrics["perf/rollout_s"] = timing["gen"]
+        metrics["perf/tokens_per_s"] = float(batch.batch["attention_mask"].sum()) / max(timing["step"], 1e-9)
+        metrics["env/kept_episodes"] = float(len(batch))
+        return metrics
+
+    def fit(self) -> Dict[str, float]:
+        rt = self.rcfg.trainer
+        total = self.total_training_steps
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        (self.out_dir / "config.yaml").write_text(OmegaConf.to_yaml(self.rcfg))
+        self._tracker = self._make_tracker()
+        self.global_steps = 0
+        self._load_checkpoint()
+        if self.metrics_path.exists():  # a fresh run starts a fresh log; a resumed one drops lines past its checkpoint
+            lines = [ln for ln in self.metrics_path.read_text().splitlines()
+                     if ln.strip() and self.global_steps and json.loads(ln).get("step", 0) <= self.global_steps]
+            self.metrics_path.write_text("".join(ln + "\n" for ln in lines))
+        self.checkpoint_manager.update_weights(self.global_steps)
+        print(f"[ragen_turn] {rt.experiment_name}: verl {type(self).__name__}, algo={self.rcfg.algo.name} "
+              f"loss={self.rcfg.actor_rollout_ref.actor.policy_loss.loss_mode} adv={self.rcfg.algorithm.adv_estimator} "
+              f"critic={self.rcfg.critic.level} batch={len(self.train_plan)} episodes, "
+              f"steps {self.global_steps}->{total}, out={self.out_dir}", flush=True)
+        last: Dict[str, float] = {}
+        if self.global_steps == 0 and rt.val_before_train:
+            last = {"step": 0, **self._validate()}
+            self._log(last)
+        while self.global_steps < total:
+            metrics = self.train_step()
+            self.global_steps += 1
+            final = self.global_steps == total
+            if (rt.save_freq and self.global_steps % rt.save_freq == 0) or final:
+                self._save_checkpoint()
+            if (rt.test_freq and self.global_steps % rt.test_freq == 0) or final:
+                metrics.update(self._validate())
+            metrics["step"] = self.global_steps
+            self._log(metrics)
+            last = metrics
+        return last
+
+    # ---------------------------------------------------------------------------------- logging
+    def _make_tracker(self):
+        if self.rcfg.logger != "wandb":
+            return None
+        from verl.utils.tracking import Tracking
+
+        os.environ.setdefault("WANDB_MODE", str(self.rcfg.wandb.mode))
+        return Tracking(project_name=self.config.trainer.project_name,
+                        experiment_name=self.config.trainer.experiment_name, default_backend=["wandb"],
+                        config=OmegaConf.to_container(self.rcfg, resolve=True))
+
+    def _log(self, metrics: Dict[str, Any]) -> None:
+        clean = {k: _jsonable(v) for k, v in metrics.items()}
+        with open(self.metrics_path, "a") as f:
+            f.write(json.dumps(clean, sort_keys=True) + "\n")
+        if self._tracker is not None:
+            self._tracker.log(data=metrics, step=int(metrics.get("step", self.global_steps)))
+        print(local.StarPOTrainer._progress(metrics), flush=True)
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, (np.generic,)):
+        v = v.item()
+    if isinstance(v, torch.Tensor) and v.numel() == 1:
+        v = v.item()
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v if isinstance(v, (int, float, str, bool, type(None))) else str(v)
+
+
+class TurnPPOTrainer(StarPOTrainer):
+    """Turn-PPO on verl: turn critic V(s_h) (trained at turn starts), turn-level GAE, the configured loss.
+
+    Also runs ``turn_is`` / ``st_ppo`` (token critic + token GAE, turn-level ratio), like the local
+    engine's ``TurnPPOTrainer``.
+    """
+
+    local_cls = local.TurnPPOTrainer
+
+
+TRAINERS = {"starpo": StarPOTrainer, "turn": TurnPPOTrainer}
+
+
+@ray.remote(num_cpus=1)
+class TaskRunner(BaseTaskRunner):
+    """verl's v0 TaskRunner without datasets: workers, resource pools, then our trainer's ``fit``."""
+
+    def run(self, config: DictConfig) -> Dict[str, float]:
+        from verl.trainer.ppo.utils import need_critic, need_reference_policy
+        from verl.utils.config import omega_conf_to_dataclass, validate_config
+
+        OmegaConf.resolve(config)
+        _, ray_worker_group_cls = self.add_actor_rollout_worker(config)
+        if need_critic(config):
+            self.add_critic_worker(config)
+        self.add_reward_model_resource_pool(config)
+        validate_config(config=config, use_reference_policy=need_reference_policy(config),
+                        use_critic=need_critic(config))
+        tokenizer = omega_conf_to_dataclass(config.actor_rollout_ref.model).tokenizer
+        pools = self.init_resource_pool_mgr(config)
+        name = config.ragen.algo.get("trainer", "starpo")
+        if name not in TRAINERS:
+            raise ValueError(f"algo.trainer must be one of {sorted(TRAINERS)}, got {name!r}")
+        trainer = TRAINERS[name](config=config, tokenizer=tokenizer, role_worker_mapping=self.role_worker_mapping,
+                                 resource_pool_manager=pools, ray_worker_group_cls=ray_worker_group_cls)
+        trainer.init_workers()
+        return trainer.fit()

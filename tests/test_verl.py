@@ -1,0 +1,846 @@
+"""The verl engine on CPU: registries and adapters, turn critic, config mapping, agent-loop layout.
+
+Needs verl 0.9.1 (``pip install -e '.[gpu]'``, or verl with the CPU torch in CI); skipped without it,
+except the two checks that ``import ragen_turn`` never needs verl. Nothing here starts Ray, vLLM or
+a GPU: the trainer's ``fit`` is not run (see docs/verl.md).
+"""
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from helpers import micro_config
+
+HAVE_VERL = importlib.util.find_spec("verl") is not None
+needs_verl = pytest.mark.skipif(not HAVE_VERL, reason="verl is not installed (pip install -e '.[gpu]')")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# ------------------------------------------------------------------------------------------------
+# without verl
+# ------------------------------------------------------------------------------------------------
+def test_import_ragen_turn_never_imports_verl():
+    code = ("import sys, ragen_turn, ragen_turn.algos, ragen_turn.rollout, ragen_turn.train, ragen_turn.engines.verl; "
+            "bad = [m for m in sys.modules if m == 'verl' or m.startswith('verl.')]; assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+
+
+def test_engine_verl_without_verl_says_how_to_install(monkeypatch):
+    import ragen_turn.engines.verl as ev
+    from ragen_turn.train import run
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "verl" else real(name, *a))
+    cfg = micro_config(["engine=verl", "model=tiny", "model.path=/nonexistent"])
+    with pytest.raises(ev.VerlNotInstalled, match=r"pip install -e '\.\[gpu\]'") as err:
+        run(cfg)
+    assert isinstance(err.value, ValueError)  # train.py prints it as a one-line config error
+
+
+# ------------------------------------------------------------------------------------------------
+# fixtures
+# ------------------------------------------------------------------------------------------------
+MICRO_MODEL_CFG = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                       intermediate_size=64)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from ragen_turn.models import export_model
+
+    return str(export_model("tiny", tmp_path_factory.mktemp("tiny_hf"), model_cfg=MICRO_MODEL_CFG))
+
+
+def verl_cfg(model_dir, *overrides):
+    """Our micro config with engine=verl (micro model, 2 GPUs), mapped to verl's config."""
+    from ragen_turn.engines.verl import build_verl_config
+
+    cfg = micro_config(["engine=verl", "model=tiny", f"model.path={model_dir}", "trainer.n_gpus_per_node=2",
+                        "es_manager.train.env_groups=2", "es_manager.train.group_size=2", "ppo_mini_batch_size=2",
+                        "micro_batch_size_per_gpu=1", *overrides])
+    return cfg, build_verl_config(cfg)
+
+
+def random_logps(mask, seed, spread=0.3):
+    g = torch.Generator().manual_seed(seed)
+    old = -torch.rand(mask.shape, generator=g) * 2
+    new = old + spread * torch.randn(mask.shape, generator=g)
+    return old * mask, new * mask
+
+
+def random_turn_batch(seed, B=6, turn_constant=False):
+    from reference import random_batch
+
+    from ragen_turn.algos import num_turns, scatter_turns, turn_ids_from_mask
+
+    mask, _ = random_batch(seed, B=B, max_turns=4, max_len=5)
+    g = torch.Generator().manual_seed(seed + 1)
+    if turn_constant:
+        tid = turn_ids_from_mask(mask)
+        adv = scatter_turns(torch.randn(B, num_turns(tid), generator=g), tid)
+    else:
+        adv = torch.randn(mask.shape, generator=g) * mask
+    old, new = random_logps(mask, seed + 2)
+    return mask, old, new, adv
+
+
+# ------------------------------------------------------------------------------------------------
+# registries and adapters
+# ------------------------------------------------------------------------------------------------
+LOSSES = ["token_ppo", "turn_ppo", "turn_ppo_geo", "turn_is", "s_ppo", "st_ppo"]
+
+
+@needs_verl
+def test_names_are_in_verls_registries():
+    import ragen_turn.engines.verl.register as reg
+    from verl.trainer.ppo import core_algos
+
+    for name in LOSSES:
+        assert core_algos.get_policy_loss_fn(name).__module__ == reg.__name__
+    assert core_algos.get_adv_estimator_fn("turn_gae") is reg.compute_turn_gae_advantage
+    reg.register_all()  # idempotent
+    assert core_algos.get_adv_estimator_fn("turn_gae") is reg.compute_turn_gae_advantage
+
+
+@needs_verl
+@pytest.mark.parametrize("name", LOSSES)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_registered_loss_equals_core_loss(name, seed):
+    """Same tensors, same numbers (loss, gradient, metrics) as ragen_turn.algos, turns from response_mask runs."""
+    from verl.trainer.ppo import core_algos
+
+    from ragen_turn import algos
+
+    mask, old, new, adv = random_turn_batch(seed, turn_constant=name.startswith("turn_ppo"))
+    cfg = {"clip_ratio_low": 0.2, "clip_ratio_high": 0.28, "policy_loss": {"ratio_mode": None}}
+    new1 = new.clone().requires_grad_(True)
+    new2 = new.clone().requires_grad_(True)
+    loss_v, met_v = core_algos.get_policy_loss_fn(name)(old_log_prob=old, log_prob=new1, advantages=adv,
+                                                        response_mask=mask.bool(), loss_agg_mode="token-mean",
+                                                        config=cfg, rollout_is_weights=None)
+    loss_c, met_c = algos.get_policy_loss_fn(name)(old, new2, adv, mask, None,
+                                                   {"clip_ratio_low": 0.2, "clip_ratio_high": 0.28})
+    assert torch.allclose(loss_v, loss_c, atol=1e-6)
+    loss_v.backward()
+    loss_c.backward()
+    assert torch.allclose(new1.grad, new2.grad, atol=1e-7)
+    assert met_v.keys() == met_c.keys()
+    assert met_v["actor/clip_frac_turn"] == pytest.approx(met_c["actor/clip_frac_turn"])
+
+
+@needs_verl
+def test_adapter_reads_knobs_from_verls_actor_config(model_dir):
+    """ratio_mode / clip_bias / loss_agg_mode travel through verl's ActorConfig (our PolicyLossConfig)."""
+    from verl.trainer.ppo import core_algos
+    from verl.utils.config import omega_conf_to_dataclass
+
+    from ragen_turn import algos
+
+    _, vcfg = verl_cfg(model_dir, "algo=turn_ppo", "actor_rollout_ref.actor.policy_loss.ratio_mode=geo_mean",
+                       "actor_rollout_ref.actor.policy_loss.clip_bias=true",
+                       "actor_rollout_ref.actor.policy_loss.loss_agg_mode=token-mean",
+                       "actor_rollout_ref.actor.clip_ratio_high=0.3")
+    actor = omega_conf_to_dataclass(vcfg.actor_rollout_ref.actor)
+    mask, old, new, adv = random_turn_batch(3, turn_constant=True)
+    old, new = random_logps(mask, 9, spread=0.8)  # large ratios: clipping and the correction are active
+    lv, mv = core_algos.get_policy_loss_fn("turn_ppo")(old, new, adv, mask.bool(), "token-mean", actor, None)
+    lc, mc = algos.get_policy_loss_fn("turn_ppo")(old, new, adv, mask, "token-mean",
+                                                  {"ratio_mode": "geo_mean", "clip_bias": True,
+                                                   "clip_ratio_low": 0.2, "clip_ratio_high": 0.3})
+    assert torch.allclose(lv, lc, atol=1e-6)
+    assert "actor/clip_bias_scale" in mv and mv["actor/clip_bias_scale"] == pytest.approx(mc["actor/clip_bias_scale"])
+    ldef, _ = algos.get_policy_loss_fn("turn_ppo")(old, new, adv, mask, None, {"clip_ratio_high": 0.3})
+    assert not torch.allclose(lv, ldef)  # the knobs did change the loss
+
+
+@needs_verl
+@pytest.mark.parametrize("name,agg", [("token_ppo", None), ("st_ppo", None), ("turn_ppo", None),
+                                      ("turn_ppo", "token-mean"), ("s_ppo", "seq-mean-token-mean")])
+def test_micro_batches_add_up_to_the_mini_batch_loss(name, agg):
+    """verl back-propagates every micro-batch loss as is: with verl's global batch info the micro-batch
+    losses (and gradients) sum to the loss of the whole mini-batch."""
+    from verl.trainer.ppo import core_algos
+
+    from ragen_turn import algos
+
+    mask, old, new, adv = random_turn_batch(5, B=8, turn_constant=name == "turn_ppo")
+    tid = algos.turn_ids_from_mask(mask)
+    info = {"dp_size": 1, "batch_num_tokens": int(mask.sum()), "global_batch_size": 8,
+            "batch_num_turns": int((tid.max(dim=1).values + 1).sum())}
+    cfg = {"policy_loss": {"loss_agg_mode": agg}, "global_batch_info": info}
+    fn = core_algos.get_policy_loss_fn(name)
+    full = new.clone().requires_grad_(True)
+    total = sum(fn(old[i:i + 3], full[i:i + 3], adv[i:i + 3], mask[i:i + 3].bool(), "token-mean", cfg, None)[0]
+                for i in range(0, 8, 3))
+    ref_new = new.clone().requires_grad_(True)
+    ref, _ = algos.get_policy_loss_fn(name)(old, ref_new, adv, mask, agg, {})
+    assert torch.allclose(total, ref, atol=1e-6)
+    total.backward()
+    ref.backward()
+    assert torch.allclose(full.grad, ref_new.grad, atol=1e-7)
+
+
+@needs_verl
+def test_loss_runs_inside_verls_ppo_loss(model_dir):
+    """The worker-side path: verl's ppo_loss (through our wrapper) on a no-padding TensorDict."""
+    from verl.utils import tensordict_utils as tu
+    from verl.utils.config import omega_conf_to_dataclass
+    from verl.workers.utils.padding import left_right_2_no_padding
+
+    from ragen_turn import algos
+    from ragen_turn.engines.verl.losses import TURNS_FIELD, ppo_loss_with_turn_counts
+
+    _, vcfg = verl_cfg(model_dir, "algo=turn_ppo")
+    actor = omega_conf_to_dataclass(vcfg.actor_rollout_ref.actor)
+    mask, old, new, adv = random_turn_batch(7, B=4, turn_constant=True)
+    td, log_prob_values = _padded_td(mask, {"old_log_probs": old, "advantages": adv}, new)
+    td[TURNS_FIELD] = torch.full((4,), float((algos.turn_ids_from_mask(mask).max(dim=1).values + 1).sum()))
+    td = left_right_2_no_padding(td)
+    tu.assign_non_tensor(td, dp_size=1, batch_num_tokens=int(mask.sum()), global_batch_size=4)
+    loss, metrics = ppo_loss_with_turn_counts(actor, {"log_probs": log_prob_values}, td)
+    ref, _ = algos.get_policy_loss_fn("turn_ppo")(old, new, adv, mask, None,
+                                                  {"clip_ratio_low": 0.2, "clip_ratio_high": 0.28})
+    assert torch.allclose(loss, ref, atol=1e-6)
+    assert actor.global_batch_info["batch_num_turns"] == float(td[TURNS_FIELD][0])
+
+
+def _padded_td(response_mask, fields, model_out, cover=None, prompt_len=3):
+    """A left/right padded verl batch: responses span ``cover``'s columns up to its last 1 (default the
+    response mask), ``fields`` are [B, R] tensors, and the returned flat tensor is the model's output over
+    the unpadded tokens laid out so that verl's no_padding_2_padding reads ``model_out`` back."""
+    from tensordict import TensorDict
+
+    cover = response_mask if cover is None else cover
+    B, R = response_mask.shape
+    lens = [int(torch.nonzero(cover[b]).max()) + 1 for b in range(B)]
+    prompt_lens = [1 + (b % prompt_len) for b in range(B)]
+    attn = torch.zeros(B, prompt_len + R, dtype=torch.long)
+    for b in range(B):
+        attn[b, prompt_len - prompt_lens[b]: prompt_len + lens[b]] = 1
+    ids = torch.randint(5, 100, (B, prompt_len + R)) * attn
+    td = {"input_ids": ids, "attention_mask": attn, "position_ids": (attn.cumsum(1) - 1).clamp(min=0),
+          "prompts": ids[:, :prompt_len], "responses": ids[:, prompt_len:],
+          "response_mask": (response_mask * attn[:, prompt_len:]).long(), **fields}
+    pieces = []
+    for b in range(B):  # position t of the model's output belongs to token t+1
+        seq = torch.zeros(prompt_lens[b] + lens[b], dtype=model_out.dtype)
+        seq[prompt_lens[b] - 1: prompt_lens[b] - 1 + lens[b]] = model_out[b, : lens[b]]
+        pieces.append(seq)
+    return TensorDict(td, batch_size=[B]), torch.cat(pieces)
+
+
+@needs_verl
+def test_turn_gae_estimator_equals_core_turn_gae():
+    from verl.trainer.ppo import core_algos
+
+    from ragen_turn import algos
+
+    mask, _, _, _ = random_turn_batch(11)
+    B, T = mask.shape
+    tid = algos.turn_ids_from_mask(mask)
+    H = algos.num_turns(tid)
+    tmask = algos.turn_mask_from_ids(tid, H)
+    g = torch.Generator().manual_seed(0)
+    turn_rewards = torch.randn(B, H, generator=g) * tmask
+    values = torch.randn(B, T, generator=g) * mask
+    token_rewards = algos.place_turn_rewards(turn_rewards, tid)
+    fn = core_algos.get_adv_estimator_fn("turn_gae")
+    adv, ret = fn(token_level_rewards=token_rewards, response_mask=mask, config={"gamma": 0.99, "lam": 0.9},
+                  values=values)
+    ref_adv, ref_ret = algos.compute_turn_gae(turn_rewards, algos.turn_start_values(values, tid, H), tmask, 0.99, 0.9)
+    assert torch.allclose(adv, algos.scatter_turns(algos.masked_whiten(ref_adv, tmask), tid), atol=1e-5)
+    assert torch.allclose(ret, algos.scatter_turns(ref_ret, tid), atol=1e-5)
+    # verl's stock compute_advantage calls it without values (V = 0) and with an index: it still runs
+    adv0, ret0 = fn(token_level_rewards=token_rewards, response_mask=mask, config={"gamma": 1.0, "lam": 1.0,
+                    "norm_adv": False}, index=None)
+    mc, _ = algos.compute_turn_gae(turn_rewards, torch.zeros(B, H), tmask, 1.0, 1.0)
+    assert torch.allclose(adv0, algos.scatter_turns(mc, tid), atol=1e-5)
+
+
+@needs_verl
+def test_registrations_happen_in_every_process_via_env_var(model_dir):
+    """Registries are per process: `import verl` with VERL_USE_EXTERNAL_MODULES registers ours (Ray workers)."""
+    from ragen_turn.engines.verl.config import EXTERNAL_MODULES
+
+    code = ("import verl\n"
+            "from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, ADV_ESTIMATOR_REGISTRY\n"
+            "from verl.experimental.agent_loop.agent_loop import _agent_loop_registry\n"
+            "assert {'turn_ppo','turn_ppo_geo','s_ppo','st_ppo'} <= set(POLICY_LOSS_REGISTRY)\n"
+            "assert 'turn_gae' in ADV_ESTIMATOR_REGISTRY and 'ragen_turn_env' in _agent_loop_registry\n")
+    env = dict(os.environ, VERL_USE_EXTERNAL_MODULES=EXTERNAL_MODULES)
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, env=env)
+    # and through the model config's external_lib (how verl's workers build HFModelConfig)
+    code2 = (f"from verl.workers.config import HFModelConfig\nHFModelConfig(path={model_dir!r}, "
+             "external_lib='ragen_turn.engines.verl.register')\n"
+             "from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY\nassert 'turn_ppo' in POLICY_LOSS_REGISTRY\n")
+    env.pop("VERL_USE_EXTERNAL_MODULES")
+    subprocess.run([sys.executable, "-c", code2], check=True, cwd=REPO, env=env)
+
+
+# ------------------------------------------------------------------------------------------------
+# turn critic
+# ------------------------------------------------------------------------------------------------
+@needs_verl
+def test_turn_start_critic_loss_equals_value_loss_on_turn_positions(model_dir):
+    """verl's own critic loss on our turn-critic batch == ragen_turn.algos.value_loss on V(s_h), return_h."""
+    from verl.utils import tensordict_utils as tu
+    from verl.utils.config import omega_conf_to_dataclass
+    from verl.workers.utils.losses import value_loss as verl_value_loss
+    from verl.workers.utils.padding import left_right_2_no_padding
+
+    from ragen_turn import algos
+    from ragen_turn.engines.verl.trainer import turn_start_mask
+
+    _, vcfg = verl_cfg(model_dir, "algo=turn_ppo")
+    critic_cfg = omega_conf_to_dataclass(vcfg.critic)
+    mask, _, _, _ = random_turn_batch(13, B=5)
+    B, R = mask.shape
+    tid = algos.turn_ids_from_mask(mask)
+    H = algos.num_turns(tid)
+    tmask = algos.turn_mask_from_ids(tid, H)
+    g = torch.Generator().manual_seed(1)
+    old_values = torch.randn(B, R, generator=g) * mask
+    new_values = old_values + torch.randn(B, R, generator=g) * mask  # some beyond the clip range
+    turn_returns = torch.randn(B, H, generator=g) * tmask
+    starts, _ = algos.turn_boundaries(tid, H)
+    start_mask = turn_start_mask(tid, tmask)
+    returns = torch.zeros(B, R).scatter_add(1, starts, turn_returns)
+
+    def verl_loss(rows, n_turns_global):
+        # the critic batch: response_mask = turn starts, the sequence still spans the whole turns
+        td, flat = _padded_td(start_mask[rows], {"values": old_values[rows], "returns": returns[rows]},
+                              new_values[rows], cover=mask[rows])
+        td = left_right_2_no_padding(td)
+        tu.assign_non_tensor(td, dp_size=1, batch_num_tokens=n_turns_global, global_batch_size=B)
+        return verl_value_loss(critic_cfg, {"values": flat}, td)[0]
+
+    n_turns = int(tmask.sum())
+    ours, _ = algos.value_loss(algos.turn_start_values(new_values, tid, H), algos.turn_start_values(old_values, tid, H),
+                               turn_returns, tmask, clip_range=float(vcfg.critic.cliprange_value))
+    whole = verl_loss(list(range(B)), n_turns)
+    assert torch.allclose(whole, ours, atol=1e-6)
+    # split into micro-batches as verl does: the parts add up (normalised by the mini-batch's turns)
+    parts = verl_loss([0, 1], n_turns) + verl_loss([2, 3, 4], n_turns)
+    assert torch.allclose(parts, ours, atol=1e-6)
+
+
+# ------------------------------------------------------------------------------------------------
+# config mapping
+# ------------------------------------------------------------------------------------------------
+@needs_verl
+@pytest.mark.parametrize("algo", ["turn_ppo", "turn_ppo_geo", "grpo", "token_ppo", "st_ppo", "bi_level_gae"])
+def test_config_mapping_is_accepted_by_verls_config_classes(model_dir, algo):
+    from ragen_turn.engines.verl.config import check_verl_config
+
+    cfg, vcfg = verl_cfg(model_dir, f"algo={algo}", "actor_rollout_ref.actor.use_kl_loss=true")
+    built = check_verl_config(vcfg)  # verl's validate_config + its dataclasses (actor, rollout, model, critic, ...)
+    a = built["actor"]
+    ours = cfg.actor_rollout_ref.actor
+    assert a.policy_loss.loss_mode == ours.policy_loss.loss_mode
+    assert (a.clip_ratio_low, a.clip_ratio_high) == (ours.clip_ratio_low, ours.clip_ratio_high)
+    assert a.optim.lr == ours.optim.lr and a.ppo_epochs == cfg.ppo_epochs
+    assert a.ppo_mini_batch_size == cfg.ppo_mini_batch_size and a.use_kl_loss and a.shuffle is False
+    assert built["rollout"].n == 1 and built["rollout"].agent.default_agent_loop == "ragen_turn_env"
+    assert built["rollout"].response_length == cfg.agent_proxy.max_context_tokens
+    assert built["algorithm"].gamma == cfg.algorithm.gamma and built["algorithm"].lam == cfg.algorithm.lam
+    assert ("critic" in built) == (cfg.critic.level != "none")
+    if "critic" in built:
+        assert built["critic"].optim.lr == cfg.critic.optim.lr
+        assert built["critic"].cliprange_value == cfg.critic.cliprange_value
+    assert vcfg.trainer.use_v1 is False and vcfg.trainer.n_gpus_per_node == 2
+    assert vcfg.ragen.algo.name == algo  # our whole config travels along
+    assert "ragen_turn.engines.verl.register" in vcfg.ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES
+
+
+@needs_verl
+def test_config_mapping_errors_name_the_key(model_dir):
+    with pytest.raises(ValueError, match="ppo_mini_batch_size"):
+        verl_cfg(model_dir, "ppo_mini_batch_size=3")
+    with pytest.raises(ValueError, match="data parallel"):
+        verl_cfg(model_dir, "trainer.n_gpus_per_node=4")  # 4 episodes, mini-batch 2 on 4 GPUs
+    with pytest.raises(ValueError, match="rollout_name"):
+        verl_cfg(model_dir, "engine.verl.rollout_name=hf")
+
+
+@needs_verl
+def test_engine_verl_defaults_to_a_real_llm_model_config():
+    from ragen_turn.train import compose_config
+
+    cfg = compose_config(["engine=verl", "model.path=/x"])
+    assert cfg.model.name == "hf" and cfg.actor_rollout_ref.actor.optim.lr == 1e-6 and cfg.critic.optim.lr == 1e-5
+    assert compose_config(["engine=verl", "model=tiny"]).model.name == "tiny"
+
+
+@needs_verl
+def test_shipped_default_config_is_what_verl_composes():
+    import verl
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from ragen_turn.engines.verl.config import verl_default_config
+
+    d = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
+    with initialize_config_dir(config_dir=d, version_base=None):
+        composed = OmegaConf.to_container(compose(config_name="ppo_trainer"))
+    composed.pop("model_engine", None)  # only used inside verl's defaults list
+    assert composed == OmegaConf.to_container(verl_default_config())
+
+
+# ------------------------------------------------------------------------------------------------
+# agent loop: verl's layout on a scripted generator
+# ------------------------------------------------------------------------------------------------
+SCRIPT = ["<answer>Up</answer><|im_end|>", "no answer here", "<answer>Left || Down</answer>",
+          "<answer>Right</answer><|im_end|>"]
+
+
+class ScriptedServer:
+    """verl's LLM server client, scripted: turn k of every episode returns SCRIPT[k] (with log-probs)."""
+
+    def __init__(self, tokenizer):
+        self.tok = tokenizer
+        self.calls = []
+
+    async def generate(self, request_id, *, prompt_ids, sampling_params, **kwargs):
+        from verl.workers.rollout.replica import TokenOutput
+
+        turn = sum(1 for c in self.calls if c[0] == request_id)
+        ids = self.tok(SCRIPT[turn % len(SCRIPT)], add_special_tokens=False)["input_ids"]
+        ids = ids[: sampling_params["max_tokens"]]
+        self.calls.append((request_id, list(prompt_ids), list(ids), dict(sampling_params)))
+        return TokenOutput(token_ids=ids, log_probs=[-0.01 * (i + 1) for i in range(len(ids))])
+
+
+def _agent_loop(vcfg, server):
+    from verl.experimental.agent_loop.agent_loop import DictConfigWrap
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+    from verl.utils.config import omega_conf_to_dataclass
+
+    from ragen_turn.engines.verl.agent_loop import RagenEnvAgentLoop
+
+    tok = omega_conf_to_dataclass(vcfg.actor_rollout_ref.model).tokenizer
+    return RagenEnvAgentLoop(trainer_config=DictConfigWrap(vcfg), server_manager=server, tokenizer=tok,
+                             processor=None, dataset_cls=RLHFDataset, data_config=DictConfigWrap(vcfg.data),
+                             hf_model_type="qwen2"), tok
+
+
+def _worker_shell(vcfg, tok):
+    """verl's AgentLoopWorker with only what its post-processing reads (no Ray, no server)."""
+    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+    from verl.utils.config import omega_conf_to_dataclass
+
+    w = object.__new__(AgentLoopWorker)
+    w.rollout_config = omega_conf_to_dataclass(vcfg.actor_rollout_ref.rollout)
+    w.tokenizer, w.processor = tok, None
+    w.reward_loop_worker_handles, w.distillation_enabled, w.mm_processor_kwargs = None, False, {}
+    return w
+
+
+def _play(vcfg, n_samples=4, step=0):
+    """Run the real agent loop + verl's own post-processing for one train batch; returns (DataProto, server, tok)."""
+    from ragen_turn.engines.verl.trainer import SeedPlan, gen_batch
+
+    plan = SeedPlan(vcfg.ragen.custom_envs, vcfg.ragen.es_manager.train, "train")
+    return _run_samples(vcfg, gen_batch(plan.assign_seeds(vcfg.ragen.seed, step)[:n_samples], "train", step))
+
+
+def _run_samples(vcfg, batch):
+    """As verl's AgentLoopWorker.generate_sequences: one agent loop per sample, all running concurrently."""
+    async def go():
+        loop, tok = _agent_loop(vcfg, ScriptedServer(None))
+        server = loop.server_manager
+        server.tok = tok
+        worker = _worker_shell(vcfg, tok)
+
+        async def one(i):
+            kw = {k: v[i] for k, v in batch.non_tensor_batch.items() if k != "agent_name"}
+            out = await _agent_loop(vcfg, server)[0].run({"temperature": 1.0, "top_p": 1.0, "top_k": -1,
+                                                         "logprobs": True}, **kw)
+            return await worker._agent_loop_postprocess(out, False, **kw)
+
+        outs = await asyncio.gather(*[one(i) for i in range(len(batch))])
+        return worker._postprocess(list(outs)), server, tok
+
+    return asyncio.run(go())
+
+
+@needs_verl
+def test_agent_loop_layout_on_a_scripted_generator(model_dir):
+    from ragen_turn.engines.verl.trainer import to_trajectory
+    from ragen_turn.engines.local.trainer import context_config
+
+    _, vcfg = verl_cfg(model_dir, "agent_proxy.max_turn=3", "actor_rollout_ref.rollout.response_length=12")
+    out, server, tok = _play(vcfg)
+    P = vcfg.actor_rollout_ref.rollout.prompt_length
+    R = vcfg.actor_rollout_ref.rollout.response_length
+    b = out.batch
+    assert b["prompts"].shape == (4, P) and b["responses"].shape == (4, R)
+    assert b["input_ids"].shape == (4, P + R) and torch.equal(b["input_ids"], torch.cat([b["prompts"], b["responses"]], 1))
+    ctx = context_config(vcfg.ragen)
+    by_request = {}
+    for rid, prompt, ids, params in server.calls:
+        by_request.setdefault(rid, []).append((prompt, ids, params))
+        assert params["max_tokens"] == ctx.response_length  # per-turn limit, not verl's whole-episode one
+    episodes = list(by_request.values())  # matched to rows by their first prompt (calls interleave)
+    for i in range(4):
+        attn = b["attention_mask"][i]
+        p_len = int(attn[:P].sum())
+        r_len = int(attn[P:].sum())
+        assert attn[:P].tolist() == [0] * (P - p_len) + [1] * p_len  # prompt left padded
+        assert attn[P:].tolist() == [1] * r_len + [0] * (R - r_len)  # responses right padded
+        seq = b["input_ids"][i][attn.bool()].tolist()
+        calls = next(c for c in episodes if c[0][0] == seq[:p_len])
+        # the first prompt is the chat template of [system, first observation]
+        first = calls[0][0]
+        assert seq[:p_len] == first and p_len == len(first)
+        assert tok.decode(first).startswith("<|im_start|>system")
+        # token in, token out: each turn's request is a prefix of the final sequence, the sampled ids follow it
+        mask = b["response_mask"][i][:r_len].tolist()
+        turn_ids = out.non_tensor_batch["turn_ids"][i]
+        assert len(turn_ids) == r_len
+        for h, (prompt, ids, _) in enumerate(calls):
+            assert seq[: len(prompt)] == prompt and seq[len(prompt): len(prompt) + len(ids)] == ids
+            j = len(prompt) - p_len
+            assert mask[j: j + len(ids)] == [1] * len(ids) and turn_ids[j: j + len(ids)] == [h] * len(ids)
+            if j > 0:
+                assert mask[j - 1] == 0  # env / template tokens before every later turn
+        assert sum(mask) == sum(len(c[1]) for c in calls)
+        assert b["response_mask"][i][r_len:].sum() == 0
+        # rollout log-probs line up with the sampled tokens, 0 on env tokens
+        lp = b["rollout_log_probs"][i][:r_len]
+        assert torch.all((lp != 0) == torch.tensor(mask).bool())
+        # per-turn rewards, one per turn; the episode score sits on the last response token
+        tr = out.non_tensor_batch["turn_rewards"][i]
+        assert len(tr) == len(calls) == 3 and tr == out.non_tensor_batch["turn_scores"][i]
+        assert tr[1] == pytest.approx(vcfg.ragen.es_manager.format_penalty)  # the malformed turn
+        assert float(b["rm_scores"][i].sum()) == pytest.approx(sum(tr))
+        assert float(b["rm_scores"][i][r_len - 1]) == pytest.approx(sum(tr))
+    traj = to_trajectory(out)
+    assert traj.turn_mask.sum(1).tolist() == [3.0] * 4
+
+
+@needs_verl
+def test_agent_loop_matches_the_local_rollout(model_dir):
+    """Same seeds and scripted responses: the verl layout holds the same tokens, masks and rewards as the
+    local engine's run_episodes (prompt + responses, unpadded, == the local token row)."""
+    from ragen_turn.engines.local.trainer import context_config
+    from ragen_turn.rollout import ChatFormatter, EnvGroupManager, TextPolicy, run_episodes
+
+    _, vcfg = verl_cfg(model_dir, "agent_proxy.max_turn=3", "actor_rollout_ref.rollout.response_length=12")
+    out, _, tok = _play(vcfg)
+    envs = EnvGroupManager(vcfg.ragen.custom_envs, vcfg.ragen.es_manager.train, "train")
+    calls = {"n": 0}
+
+    def respond(slot):
+        return SCRIPT[calls["turn"]]
+
+    class Policy(TextPolicy):
+        def generate(self, prompts, max_new_tokens):
+            calls["turn"] = calls["n"]
+            calls["n"] += 1
+            return super().generate(prompts, max_new_tokens)
+
+    eps = run_episodes(envs.assign_seeds(vcfg.ragen.seed, 0), Policy(tok, respond), ChatFormatter(tok),
+                       context_config(vcfg.ragen))
+    P = vcfg.actor_rollout_ref.rollout.prompt_length
+    for i, e in enumerate(eps):
+        attn = out.batch["attention_mask"][i].bool()
+        assert out.batch["input_ids"][i][attn].tolist() == e.token_ids
+        resp_mask = out.batch["response_mask"][i][: int(attn[P:].sum())].tolist()
+        assert [0] * int(attn[:P].sum()) + resp_mask == e.response_mask
+        assert out.non_tensor_batch["turn_rewards"][i] == pytest.approx(e.turn_rewards)
+
+
+@needs_verl
+def test_agent_loop_rejects_a_prompt_longer_than_verls_prompt_length(model_dir):
+    _, vcfg = verl_cfg(model_dir, "engine.verl.prompt_length=8")
+    with pytest.raises(ValueError, match="engine.verl.prompt_length"):
+        _play(vcfg, n_samples=1)
+
+
+# ------------------------------------------------------------------------------------------------
+# trainer pieces that run on CPU
+# ------------------------------------------------------------------------------------------------
+@needs_verl
+def test_trainer_classes_subclass_verls_ray_ppo_trainer():
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+
+    from ragen_turn.engines.local import trainer as local
+    from ragen_turn.engines.verl.trainer import TRAINERS, StarPOTrainer, TurnPPOTrainer
+
+    assert issubclass(StarPOTrainer, RayPPOTrainer) and issubclass(TurnPPOTrainer, StarPOTrainer)
+    assert TurnPPOTrainer.local_cls is local.TurnPPOTrainer and set(TRAINERS) == {"starpo", "turn"}
+
+
+@needs_verl
+def test_seed_plan_matches_the_local_env_groups():
+    from ragen_turn.engines.verl.trainer import SeedPlan
+    from ragen_turn.rollout import EnvGroupManager
+
+    cfg = micro_config(["es_manager.train.env_groups=3", "es_manager.train.group_size=2"])
+    for split in ("train", "val"):
+        a = SeedPlan(cfg.custom_envs, cfg.es_manager[split], split).assign_seeds(5, 7)
+        b = EnvGroupManager(cfg.custom_envs, cfg.es_manager[split], split).assign_seeds(5, 7)
+        assert [(s.tag, s.group_id, s.seed) for s in a] == [(s.tag, s.group_id, s.seed) for s in b]
+
+
+@needs_verl
+@pytest.mark.parametrize("kind", ["std", "mean"])
+def test_group_filter_matches_the_local_engine(kind):
+    from ragen_turn.engines.local.trainer import StarPOTrainer as Local
+    from ragen_turn.engines.verl.trainer import kept_rows
+    from ragen_turn.rollout import Trajectory
+
+    g = torch.Generator().manual_seed(0)
+    gids = torch.arange(6).repeat_interleave(3)
+    rewards = torch.randn(18, generator=g)
+    traj = Trajectory(input_ids=torch.arange(18)[:, None], attention_mask=torch.ones(18, 1),
+                      response_mask=torch.ones(18, 1), turn_ids=torch.zeros(18, 1, dtype=torch.long),
+                      turn_rewards=rewards[:, None], turn_mask=torch.ones(18, 1), group_ids=gids,
+                      success=torch.zeros(18), episode_rewards=rewards)
+    shim = Local.__new__(Local)
+    shim.cfg = micro_config(["actor_rollout_ref.rollout.rollout_filter_ratio=0.5",
+                             f"actor_rollout_ref.rollout.rollout_filter_type={kind}"])
+    kept_local = shim.filter_groups(traj).input_ids[:, 0]
+    assert torch.equal(kept_rows(gids, rewards, 0.5, kind), kept_local)
+
+
+@needs_verl
+def test_minibatch_turn_counts_follow_verls_dispatch_and_minibatching():
+    """Rows are dispatched to dp ranks by DataProto.chunk and walked by tensordict_utils.make_iterator."""
+    from verl import DataProto
+    from verl.utils import tensordict_utils as tu
+
+    from ragen_turn.engines.verl.losses import minibatch_turn_counts
+
+    B, mini, dp = 16, 8, 2
+    turns = torch.randint(1, 6, (B,), generator=torch.Generator().manual_seed(0)).float()
+    counts = minibatch_turn_counts(turns, mini, dp)
+    data = DataProto.from_dict(tensors={"turns": turns, "counts": counts, "row": torch.arange(B)})
+    seen = {}
+    for rank, chunk in enumerate(data.chunk(dp)):
+        td = chunk.to_tensordict()
+        for j, mb in enumerate(tu.make_iterator(td, mini_batch_size=mini // dp, epochs=2, seed=rank,
+                                                dataloader_kwargs={"shuffle": False})):
+            seen.setdefault(j % (B // mini), []).append(mb)
+    for j, parts in seen.items():
+        rows = torch.cat([p["row"] for p in parts]).unique()
+        total = float(turns[rows].sum())
+        assert all(torch.all(p["counts"] == total) for p in parts)
+
+
+@needs_verl
+@pytest.mark.parametrize("algo", ["turn_ppo", "token_ppo", "grpo"])
+def test_verl_advantages_equal_the_local_engines(model_dir, algo):
+    """Advantages on the verl layout (response coordinates) == the local engine's on its own layout."""
+    from ragen_turn.engines.verl.trainer import TRAINERS, critic_batch, to_trajectory
+    from ragen_turn.rollout import Trajectory
+    from ragen_turn.rollout.trajectory import Episode
+
+    cfg, vcfg = verl_cfg(model_dir, f"algo={algo}", "agent_proxy.max_turn=3",
+                         "actor_rollout_ref.rollout.response_length=12")
+    out, _, tok = _play(vcfg)
+    P = vcfg.actor_rollout_ref.rollout.prompt_length
+    B, R = out.batch["responses"].shape
+    g = torch.Generator().manual_seed(2)
+    values = torch.randn(B, R, generator=g)
+    out.batch["values"] = values
+
+    cls = TRAINERS[vcfg.ragen.algo.trainer]
+    t = cls.__new__(cls)
+    t.algo = cls.local_cls.__new__(cls.local_cls)
+    t.algo.cfg = vcfg.ragen
+    traj = to_trajectory(out)
+    t.compute_advantages(out, traj)
+
+    # the local engine on full rows of the same episodes (values moved to full coordinates)
+    eps = []
+    for i in range(B):
+        attn = out.batch["attention_mask"][i].bool()
+        p_len = int(attn[:P].sum())
+        r_len = int(attn[P:].sum())
+        mask = [0] * p_len + out.batch["response_mask"][i][:r_len].tolist()
+        e = traj.episodes[i]
+        eps.append(Episode(token_ids=out.batch["input_ids"][i][attn].tolist(), response_mask=mask,
+                           turn_ids=[-1] * p_len + list(out.non_tensor_batch["turn_ids"][i]),
+                           turn_rewards=e.turn_rewards, group_id=e.group_id, env_seed=e.env_seed))
+    full = Trajectory.from_episodes(eps, tok.pad_token_id)
+    full.values = torch.zeros(full.input_ids.shape)
+    for i in range(B):
+        p_len = int(out.batch["attention_mask"][i][:P].sum())
+        r_len = int(out.batch["attention_mask"][i][P:].sum())
+        full.values[i, p_len: p_len + r_len] = values[i, :r_len]
+    full.values = full.values * full.response_mask
+    shim = cls.local_cls.__new__(cls.local_cls)
+    shim.cfg = cfg
+    shim.read_values(full)
+    shim.compute_advantages(full)
+    for i in range(B):
+        p_len = int(out.batch["attention_mask"][i][:P].sum())
+        r_len = int(out.batch["attention_mask"][i][P:].sum())
+        assert torch.allclose(out.batch["advantages"][i, :r_len], full.advantages[i, p_len: p_len + r_len], atol=1e-5)
+        assert torch.allclose(out.batch["returns"][i, :r_len], full.returns[i, p_len: p_len + r_len], atol=1e-5)
+    if cfg.critic.level == "turn":
+        cb = critic_batch(out, traj, "turn")
+        rm = cb.batch["response_mask"].float()
+        assert torch.equal(rm.sum(1), traj.turn_mask.sum(1))  # one position per turn: its first token
+        assert torch.allclose((cb.batch["returns"] * rm).sum(1), traj.turn_returns.sum(1), atol=1e-5)
+        assert torch.allclose(full.turn_returns, traj.turn_returns, atol=1e-5)
+
+
+# ------------------------------------------------------------------------------------------------
+# fit() with fake worker groups: the trainer's own code and verl's helpers, no Ray / GPU / vLLM
+# ------------------------------------------------------------------------------------------------
+class _Future:
+    def __init__(self, value):
+        self.value = value
+
+    def get(self):
+        return self.value
+
+
+class FakeRollout:
+    """verl's AgentLoopManager, in process: the real agent loop, scripted server, verl's post-processing."""
+
+    def __init__(self, vcfg):
+        self.vcfg = vcfg
+        self.sizes = []
+
+    def generate_sequences(self, batch):
+        self.sizes.append(len(batch))
+        out = _run_samples(self.vcfg, batch)[0]
+        out.meta_info["timing"] = {"agent_loop/generate_sequences/mean": 0.0}
+        return out
+
+
+class FakeActorWG:
+    """The actor worker group's RPCs, run here: zero log-probs; the update runs verl's ppo_loss (our wrapper)."""
+
+    def __init__(self, actor_cfg, dp):
+        self.actor_cfg = actor_cfg
+        self._dispatch_info = {"actor": list(range(dp))}
+        self.updates = []
+        self.saved = []
+
+    def compute_log_prob(self, td):
+        from verl.utils import tensordict_utils as tu
+
+        n = int(td["input_ids"].values().numel())
+        return tu.get_tensordict({"log_probs": torch.zeros(n), "entropy": torch.ones(n)}, {"metrics": {"mfu": 0.0}})
+
+    def update_actor(self, td):
+        from verl.utils import tensordict_utils as tu
+
+        from ragen_turn.engines.verl.losses import TURNS_FIELD, ppo_loss_with_turn_counts
+
+        n = int(td["input_ids"].values().numel())
+        tu.assign_non_tensor(td, dp_size=1, batch_num_tokens=int(td["response_mask"].sum()),
+                             global_batch_size=len(td))
+        loss, metrics = ppo_loss_with_turn_counts(self.actor_cfg, {"log_probs": torch.full((n,), -0.5)}, td)
+        self.updates.append((float(loss), td[TURNS_FIELD].tolist(), tu.get(td, "mini_batch_size")))
+        return tu.get_tensordict({}, {"metrics": {**metrics, "mfu": 0.0, "loss": float(loss), "grad_norm": 1.0}})
+
+    def save_checkpoint(self, local_path, *a, **k):
+        self.saved.append(local_path)
+
+
+class FakeCriticWG:
+    def __init__(self, critic_cfg):
+        self.critic_cfg = critic_cfg
+        self.trained = []
+
+    def infer_batch(self, td):
+        from verl.utils import tensordict_utils as tu
+
+        n = int(td["input_ids"].values().numel())
+        return _Future(tu.get_tensordict({"values": torch.linspace(-1, 1, n)}, {"metrics": {"mfu": 0.0}}))
+
+    def train_mini_batch(self, td):
+        from verl.utils import tensordict_utils as tu
+        from verl.workers.utils.losses import value_loss
+
+        n = int(td["input_ids"].values().numel())
+        tu.assign_non_tensor(td, dp_size=1, batch_num_tokens=int(td["response_mask"].sum()), global_batch_size=None)
+        loss, metrics = value_loss(self.critic_cfg, {"values": torch.linspace(-1, 1, n) + 0.1}, td)
+        self.trained.append((float(loss), int(td["response_mask"].sum())))
+        return _Future(tu.get_tensordict({}, {"metrics": {**metrics, "mfu": 0.0}}))
+
+    def save_checkpoint(self, *a, **k):
+        return None
+
+
+class FakeCheckpointManager:
+    def __init__(self):
+        self.calls = []
+
+    def sleep_replicas(self):
+        self.calls.append("sleep")
+
+    def update_weights(self, step):
+        self.calls.append(("update", step))
+
+
+class FakePools:
+    def get_n_gpus(self):
+        return 2
+
+
+@needs_verl
+@pytest.mark.parametrize("algo", ["turn_ppo", "grpo"])
+def test_fit_with_fake_workers(model_dir, tmp_path, algo):
+    """train_step/fit end to end on CPU with fake worker groups in place of Ray/FSDP/vLLM: the batch keys,
+    filtering, balancing, old log-probs, values, advantages, turn-critic batch, actor batch (with the
+    mini-batch turn counts), checkpoints and metrics.jsonl all go through the real code."""
+    import json
+
+    from verl.trainer.ppo.utils import Role
+    from verl.utils.config import omega_conf_to_dataclass
+
+    from ragen_turn.engines.verl.trainer import TRAINERS
+
+    _, vcfg = verl_cfg(model_dir, f"algo={algo}", "agent_proxy.max_turn=3", "actor_rollout_ref.rollout.response_length=12",
+                       "es_manager.train.env_groups=4", "es_manager.train.group_size=2",
+                       "actor_rollout_ref.rollout.rollout_filter_ratio=0.5", "ppo_mini_batch_size=2",
+                       "trainer.total_training_steps=2", "trainer.save_freq=1", "trainer.test_freq=2",
+                       f"trainer.default_local_dir={tmp_path}", "es_manager.val.env_groups=2")
+    cls = TRAINERS[vcfg.ragen.algo.trainer]
+    tok = omega_conf_to_dataclass(vcfg.actor_rollout_ref.model).tokenizer
+    t = cls(config=vcfg, tokenizer=tok, role_worker_mapping={Role.ActorRollout: object},
+            resource_pool_manager=FakePools(), ray_worker_group_cls=object)
+    t.async_rollout_manager = FakeRollout(vcfg)
+    t.checkpoint_manager = FakeCheckpointManager()
+    t.actor_rollout_wg = FakeActorWG(omega_conf_to_dataclass(vcfg.actor_rollout_ref.actor), dp=2)
+    if t.use_critic:
+        t.critic_wg = FakeCriticWG(omega_conf_to_dataclass(vcfg.critic))
+    last = t.fit()
+
+    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines] == [0, 1, 2]
+    assert "val/success" in lines[0] and "val/success" in lines[2] and "val/success" not in lines[1]
+    assert last["env/kept_episodes"] == 4.0  # 8 episodes, top half of the groups
+    assert {"env/reward", "adv/mean", "actor/entropy", "perf/step_s", "response_length/mean", "actor/clip_frac_turn",
+            "actor/approx_kl"} <= set(last)
+    if algo == "turn_ppo":
+        assert {"critic/value_loss", "critic/vf_clipfrac"} <= set(last)
+    assert (tmp_path / "config.yaml").exists()
+    assert len(t.actor_rollout_wg.saved) == 2 and t.actor_rollout_wg.saved[-1].endswith("global_step_2/actor")
+    # the agent-loop batch is padded to a multiple of agent.num_workers (8 here)
+    assert all(n % vcfg.actor_rollout_ref.rollout.agent.num_workers == 0 for n in t.async_rollout_manager.sizes)
+    # the actor saw the mini-batch turn counts: 3 turns per episode, mini-batch 2 over dp 2
+    for loss, counts, mini in t.actor_rollout_wg.updates:
+        assert math_isfinite(loss) and counts == [6.0] * 4 and mini == 2
+    assert t.checkpoint_manager.calls.count(("update", 1)) == 1 and t.checkpoint_manager.calls.count("sleep") == 2
+    if algo == "turn_ppo":
+        # the turn critic trains on turn starts only: 3 positions per episode
+        assert [n for _, n in t.critic_wg.trained] == [12, 12]
+
+
+def math_isfinite(x):
+    import math
+
+    return math.isfinite(x)
