@@ -10,5 +10,11 @@ if [ $# -lt 2 ]; then
   exit 2
 fi
 ENV_NAME=$1; ALGO=$2; shift 2
+# Hydra wants --multirun before the overrides; accept it anywhere.
+args=()
+for a in "$@"; do
+  case "$a" in --multirun|-m) args+=("hydra.mode=MULTIRUN") ;; *) args+=("$a") ;; esac
+done
+set -- "${args[@]+"${args[@]}"}"
 PY=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
 exec "$PY" -m ragen_turn.train env="$ENV_NAME" algo="$ALGO" "$@"

@@ -5,6 +5,7 @@ process; ``engine=verl`` hands the same config to the verl engine (multi-GPU).
 """
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
@@ -12,6 +13,10 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "config")
+
+# ${mul:a,b}: products in configs (e.g. the critic lr as a multiple of the actor's in sweep=critic_lr)
+if not OmegaConf.has_resolver("mul"):
+    OmegaConf.register_new_resolver("mul", lambda *xs: math.prod(float(x) for x in xs))
 
 
 def compose_config(overrides: list[str] | None = None) -> DictConfig:

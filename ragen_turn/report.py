@@ -1,0 +1,620 @@
+"""Compare runs: ``python -m ragen_turn.report RUN_OR_DIR [...] [--group-by KEY[,KEY]] [--out DIR]``.
+
+Reads ``metrics.jsonl`` and ``config.yaml`` of every run found under the given paths (a run directory,
+a sweep directory such as ``runs/sweep_gamma_lambda``, or ``runs/``), groups the runs by config keys
+(default ``algo.name``; the seeds are the runs of a group), and writes
+
+- ``results.md``: one Markdown table row per group, every column defined in a note above the table,
+  then one line per run (status, last step, NaN count);
+- ``success.png``, ``reward.png``, ``clip_kl.png``: learning curves, one line per group (mean over seeds,
+  shaded +-1 std over seeds). matplotlib is optional: without it the table is still written and the
+  report says the plots were skipped.
+
+Runs that crashed or are still going are used as they are, counted and marked with their last step;
+``null`` / NaN values (the trainers write non-finite numbers as ``null``) are left out of every mean and
+counted. The table is also printed.
+
+``python -m ragen_turn.report --list-jobs OVERRIDES...`` lists the jobs a Hydra sweep would launch,
+without training: ``--list-jobs env=sokoban algo=turn_ppo +sweep=gamma_lambda`` prints the 48 jobs of
+``--multirun +sweep=gamma_lambda``, each job's run directory, and any job whose config would be refused.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+
+# metric keys (written by both engines' trainers)
+VAL_SUCCESS, VAL_REWARD = "val/success", "val/reward"
+TRAIN_SUCCESS, TRAIN_REWARD = "env/success", "env/reward"
+CLIP_TOKEN, CLIP_TURN, KL = "actor/clip_frac_token", "actor/clip_frac_turn", "actor/approx_kl"
+STEP_S = "perf/step_s"
+USED_KEYS = (VAL_SUCCESS, VAL_REWARD, TRAIN_SUCCESS, TRAIN_REWARD, CLIP_TOKEN, CLIP_TURN, KL, STEP_S)
+TRAIN_TAIL = 5  # "final train success" = mean over the last TRAIN_TAIL training steps
+ALGO_ORDER = ("grpo", "token_ppo", "bi_level_gae", "turn_ppo", "turn_ppo_geo", "turn_is", "s_ppo", "st_ppo")
+NAN = float("nan")
+
+
+# ------------------------------------------------------------------------------------------------ reading runs
+@dataclass
+class Run:
+    path: Path
+    config: Dict[str, Any]
+    rows: List[Dict[str, Any]]          # one per step, sorted by step; values float (NaN for null) or raw
+    bad_lines: int = 0                  # lines that were not JSON (a write cut off by a crash)
+    nan_counts: Dict[str, int] = field(default_factory=dict)  # null / non-finite values per used key
+
+    @property
+    def last_step(self) -> Optional[int]:
+        return int(self.rows[-1]["step"]) if self.rows else None
+
+    @property
+    def total_steps(self) -> Optional[int]:
+        v = get_key(self.config, "trainer.total_training_steps")
+        return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+    @property
+    def complete(self) -> bool:
+        total, last = self.total_steps, self.last_step
+        return total is not None and last is not None and last >= total
+
+    def status(self) -> str:
+        total = self.total_steps if self.total_steps is not None else "?"
+        if not self.rows:
+            return f"running or crashed: no metrics yet, of {total} steps"
+        if self.complete:
+            return "complete"
+        return f"running or crashed: last step {self.last_step} of {total}"
+
+    def series(self, key: str) -> Tuple[List[int], List[float]]:
+        """(steps, values) of ``key`` over the rows that have it; values may be NaN (null in the log)."""
+        steps, vals = [], []
+        for r in self.rows:
+            if key in r:
+                steps.append(int(r["step"]))
+                vals.append(_num(r[key]))
+        return steps, vals
+
+
+def _num(v: Any) -> float:
+    if v is None or isinstance(v, bool):
+        return NAN
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return NAN
+
+
+def _finite(v: float) -> bool:
+    return isinstance(v, float) and math.isfinite(v)
+
+
+def get_key(cfg: Dict[str, Any], dotted: str, default: Any = None) -> Any:
+    cur: Any = cfg
+    for part in dotted.split("."):
+        if isinstance(cur, dict) and part in cur:
+            cur = cur[part]
+        else:
+            return default
+    return cur
+
+
+def load_config(path: Path) -> Dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        import yaml
+
+        data = yaml.safe_load(path.read_text())
+    except Exception:  # noqa: BLE001 - an unreadable config only loses the grouping keys
+        try:
+            from omegaconf import OmegaConf
+
+            data = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+        except Exception:  # noqa: BLE001
+            return {}
+    return data if isinstance(data, dict) else {}
+
+
+def load_run(run_dir: Path) -> Run:
+    run_dir = Path(run_dir)
+    config = load_config(run_dir / "config.yaml")
+    by_step: Dict[int, Dict[str, Any]] = {}
+    bad = 0
+    mpath = run_dir / "metrics.jsonl"
+    text = mpath.read_text(errors="replace") if mpath.is_file() else ""
+    for line in text.splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            row = json.loads(line)  # json accepts NaN / Infinity too
+        except json.JSONDecodeError:
+            bad += 1
+            continue
+        if not isinstance(row, dict) or _num(row.get("step")) != _num(row.get("step")):
+            bad += 1
+            continue
+        row = {k: (_num(v) if (v is None or isinstance(v, (int, float))) and k != "step" else v)
+               for k, v in row.items()}
+        by_step[int(row["step"])] = row  # a resumed run may repeat steps: the last line wins
+    rows = [by_step[s] for s in sorted(by_step)]
+    nan_counts = {k: sum(1 for r in rows if k in r and not _finite(r[k])) for k in USED_KEYS}
+    return Run(path=run_dir, config=config, rows=rows, bad_lines=bad, nan_counts=nan_counts)
+
+
+def _is_run_dir(d: Path) -> bool:
+    if d.name == ".hydra" or "checkpoints" in d.parts:
+        return False
+    if (d / "metrics.jsonl").is_file():
+        return True
+    cfg = d / "config.yaml"  # a run that stopped before its first metrics line still has its config
+    return cfg.is_file() and "trainer" in load_config(cfg)
+
+
+def find_runs(paths: Iterable[str]) -> List[Path]:
+    """Run directories (holding metrics.jsonl, or config.yaml of a run that logged nothing yet) under ``paths``."""
+    found: List[Path] = []
+    for p in paths:
+        p = Path(p)
+        if p.is_file() and p.name in ("metrics.jsonl", "config.yaml"):
+            p = p.parent
+        if not p.exists():
+            raise FileNotFoundError(f"{str(p)!r} does not exist")
+        if _is_run_dir(p):
+            found.append(p)
+            continue
+        for root, dirs, files in os.walk(p):
+            dirs[:] = sorted(x for x in dirs if x not in (".hydra", "checkpoints"))
+            d = Path(root)
+            if ("metrics.jsonl" in files or "config.yaml" in files) and _is_run_dir(d):
+                found.append(d)
+                dirs[:] = [x for x in dirs if x != "hydra"]
+    seen, out = set(), []
+    for d in found:
+        key = d.resolve()
+        if key not in seen:
+            seen.add(key)
+            out.append(d)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ statistics
+def mean_std(values: Sequence[float]) -> Tuple[float, float, int]:
+    """Mean and sample std (n-1) of the finite values, and how many there were."""
+    vals = [v for v in values if _finite(v)]
+    n = len(vals)
+    if n == 0:
+        return NAN, NAN, 0
+    m = sum(vals) / n
+    s = math.sqrt(sum((v - m) ** 2 for v in vals) / (n - 1)) if n > 1 else NAN
+    return m, s, n
+
+
+def final_eval(run: Run, key: str) -> float:
+    """The value of ``key`` at the run's last held-out evaluation (NaN if it was null, or no eval)."""
+    _, vals = run.series(key)
+    return vals[-1] if vals else NAN
+
+
+def init_eval(run: Run, key: str) -> float:
+    steps, vals = run.series(key)
+    return vals[0] if steps and steps[0] == 0 else NAN
+
+
+def best_eval(run: Run, key: str) -> float:
+    """Max of ``key`` over the run's held-out evaluations after step 0 (the best evaluated checkpoint)."""
+    steps, vals = run.series(key)
+    vals = [v for s, v in zip(steps, vals) if s > 0 and _finite(v)]
+    return max(vals) if vals else NAN
+
+
+def steps_to_threshold(run: Run, threshold: float, key: str = VAL_SUCCESS) -> Optional[int]:
+    """First evaluated step where ``key`` >= threshold, or None."""
+    for s, v in zip(*run.series(key)):
+        if _finite(v) and v >= threshold:
+            return s
+    return None
+
+
+def max_drop(values: Sequence[float]) -> float:
+    """Largest fall of a curve below its running maximum (NaN points skipped); 0 for a curve that never falls."""
+    best, drop, seen = -math.inf, 0.0, False
+    for v in values:
+        if not _finite(v):
+            continue
+        seen = True
+        best = max(best, v)
+        drop = max(drop, best - v)
+    return drop if seen else NAN
+
+
+def smooth(values: Sequence[float], window: int) -> List[float]:
+    """Trailing moving average over the finite values of the last ``window`` points (NaN where none)."""
+    if window <= 1:
+        return list(values)
+    out = []
+    for i in range(len(values)):
+        m, _, n = mean_std(values[max(0, i - window + 1): i + 1])
+        out.append(m if n else NAN)
+    return out
+
+
+def train_mean(run: Run, key: str, tail: Optional[int] = None) -> float:
+    _, vals = run.series(key)
+    vals = [v for v in vals if _finite(v)]
+    if tail:
+        vals = vals[-tail:]
+    return sum(vals) / len(vals) if vals else NAN
+
+
+# ------------------------------------------------------------------------------------------------ grouping
+def _label_value(v: Any) -> str:
+    if v is None:
+        return "?"
+    if isinstance(v, float) and v.is_integer() and abs(v) < 1e15:
+        return repr(v)  # 1.0 stays 1.0 (as in the config and the run name)
+    return str(v)
+
+
+def group_runs(runs: Sequence[Run], keys: Sequence[str]) -> List[Tuple[str, List[Run]]]:
+    groups: Dict[Tuple[Any, ...], List[Run]] = {}
+    for r in runs:
+        groups.setdefault(tuple(get_key(r.config, k) for k in keys), []).append(r)
+
+    def sort_key(item):
+        out = []
+        for v in item[0]:
+            if isinstance(v, str) and v in ALGO_ORDER:
+                out.append((0, ALGO_ORDER.index(v), ""))
+            elif isinstance(v, (int, float)) and not isinstance(v, bool):
+                out.append((1, float(v), ""))
+            else:
+                out.append((2, 0.0, str(v)))
+        return out
+
+    return [(", ".join(_label_value(v) for v in vals), sorted(rs, key=lambda r: (str(get_key(r.config, "seed")),
+                                                                                 str(r.path))))
+            for vals, rs in sorted(groups.items(), key=sort_key)]
+
+
+# ------------------------------------------------------------------------------------------------ table
+def _fmt(m: float, s: float = NAN, n: int = 1, digits: int = 3) -> str:
+    if not _finite(m):
+        return "-"
+    txt = f"{m:.{digits}f}"
+    if n > 1 and _finite(s):
+        txt += f" ± {s:.{digits}f}"
+    return txt
+
+
+def _cell(values: Sequence[float], digits: int = 3) -> str:
+    m, s, n = mean_std(values)
+    return _fmt(m, s, n, digits)
+
+
+def _threshold_cell(runs: Sequence[Run], threshold: float) -> str:
+    hits = [steps_to_threshold(r, threshold) for r in runs]
+    reached = [h for h in hits if h is not None]
+    if not reached:
+        return f"not reached (0/{len(runs)})"
+    m, s, n = mean_std([float(h) for h in reached])
+    return f"{_fmt(m, s, n, 0)} ({len(reached)}/{len(runs)})"
+
+
+def _runs_cell(runs: Sequence[Run]) -> str:
+    txt = str(len(runs))
+    partial = [r for r in runs if not r.complete]
+    if partial:
+        notes = []
+        for r in partial:
+            seed = get_key(r.config, "seed")
+            who = f"seed {seed}" if seed is not None else r.path.name
+            total = r.total_steps if r.total_steps is not None else "?"
+            if r.last_step is None:
+                notes.append(f"{who}: no metrics yet, of {total} steps")
+            else:
+                notes.append(f"{who}: last step {r.last_step} of {total}")
+        txt += f" ({len(partial)} running or crashed: " + "; ".join(notes) + ")"
+    return txt
+
+
+def _nan_cell(runs: Sequence[Run]) -> str:
+    n = sum(sum(r.nan_counts.values()) for r in runs)
+    bad = sum(r.bad_lines for r in runs)
+    return str(n) + (f" (+{bad} bad lines)" if bad else "")
+
+
+def header_notes(keys: Sequence[str], threshold: float, smooth_window: int) -> List[str]:
+    sm = f" (after a trailing moving average over {smooth_window} steps)" if smooth_window > 1 else ""
+    return [
+        f"Groups: runs with the same `{', '.join(keys)}`; the runs of a group are its seeds. "
+        "`a ± b` = mean ± sample std (n-1) over the group's runs; values that are null/NaN are left out of "
+        "means and counted in the NaN column.",
+        "",
+        "- **success**: fraction of episodes that solved the task (`success`), in [0, 1]. "
+        "**reward**: mean episode score, the sum of the episode's rewards (format penalties included).",
+        "- **held-out** (`val/*`): the held-out env seeds (`es_manager.val`), never trained on, evaluated every "
+        "`trainer.test_freq` steps, at step 0 (before RL) and at the last step. "
+        "**train** (`env/*`): the episodes sampled for training at that step.",
+        "- **runs**: number of runs (seeds); runs that have not reached `trainer.total_training_steps` are marked "
+        "`running or crashed` with their last logged step, and their data is used as it is.",
+        "- **init**: held-out success at step 0, before RL.",
+        "- **final**: value at the run's last held-out evaluation (for a finished run, its last step).",
+        "- **best**: the best held-out value over a run's evaluations after step 0 (the best evaluated "
+        "checkpoint), then mean ± std over runs.",
+        f"- **train success (last {TRAIN_TAIL})**: mean of `env/success` over a run's last {TRAIN_TAIL} "
+        "training steps.",
+        f"- **steps to {threshold:g}**: first evaluated step at which held-out success >= {threshold:g}; "
+        "mean ± std over the runs that reached it, (reached/runs); `not reached` if none did.",
+        f"- **collapse**: largest drop of the training success curve (`env/success`){sm} below its running "
+        "maximum, max over steps; 0 = never fell. Mean ± std over runs.",
+        "- **clip token / clip turn**: mean over training steps of the fraction of tokens / turns whose PPO ratio "
+        "was clipped (`actor/clip_frac_token`, `actor/clip_frac_turn`). **KL**: mean `actor/approx_kl`.",
+        "- **s/step**: mean wall-clock seconds per training step (`perf/step_s`).",
+        "- **NaN**: null/NaN values of the metrics above in the group's logs (+ lines that were not JSON).",
+    ]
+
+
+TABLE_COLUMNS = ["runs", "init val success", "final val success", "best val success", "final val reward",
+                 "best val reward", f"train success (last {TRAIN_TAIL})", "steps to {thr}", "collapse",
+                 "clip token", "clip turn", "KL", "s/step", "NaN"]
+
+
+def group_row(runs: Sequence[Run], threshold: float, smooth_window: int) -> List[str]:
+    return [
+        _runs_cell(runs),
+        _cell([init_eval(r, VAL_SUCCESS) for r in runs]),
+        _cell([final_eval(r, VAL_SUCCESS) for r in runs]),
+        _cell([best_eval(r, VAL_SUCCESS) for r in runs]),
+        _cell([final_eval(r, VAL_REWARD) for r in runs]),
+        _cell([best_eval(r, VAL_REWARD) for r in runs]),
+        _cell([train_mean(r, TRAIN_SUCCESS, TRAIN_TAIL) for r in runs]),
+        _threshold_cell(runs, threshold),
+        _cell([max_drop(smooth(r.series(TRAIN_SUCCESS)[1], smooth_window)) for r in runs]),
+        _cell([train_mean(r, CLIP_TOKEN) for r in runs], 4),
+        _cell([train_mean(r, CLIP_TURN) for r in runs], 4),
+        _cell([train_mean(r, KL) for r in runs], 5),
+        _cell([train_mean(r, STEP_S) for r in runs], 1),
+        _nan_cell(runs),
+    ]
+
+
+def markdown_table(groups: Sequence[Tuple[str, List[Run]]], keys: Sequence[str], threshold: float,
+                   smooth_window: int = 1) -> str:
+    cols = [", ".join(keys)] + [c.format(thr=f"{threshold:g}") for c in TABLE_COLUMNS]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for label, runs in groups:
+        lines.append("| " + " | ".join([label] + group_row(runs, threshold, smooth_window)) + " |")
+    return "\n".join(lines)
+
+
+def runs_table(groups: Sequence[Tuple[str, List[Run]]]) -> str:
+    lines = ["| run | group | seed | status | evals | final val success | NaN | bad lines |", "|" + "---|" * 8]
+    for label, runs in groups:
+        for r in runs:
+            n_eval = len(r.series(VAL_SUCCESS)[0])
+            lines.append(f"| `{r.path}` | {label} | {get_key(r.config, 'seed', '?')} | {r.status()} | {n_eval} | "
+                         f"{_fmt(final_eval(r, VAL_SUCCESS))} | {sum(r.nan_counts.values())} | {r.bad_lines} |")
+    return "\n".join(lines)
+
+
+def duplicate_seed_warnings(groups: Sequence[Tuple[str, List[Run]]]) -> List[str]:
+    out = []
+    for label, runs in groups:
+        seeds = [get_key(r.config, "seed") for r in runs]
+        dup = sorted({str(s) for s in seeds if seeds.count(s) > 1})
+        if dup:
+            out.append(f"group `{label}` holds several runs with seed {', '.join(dup)}: add the key that tells them "
+                       "apart to --group-by (e.g. env.name, model.name)")
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ plots
+def _curve(runs: Sequence[Run], key: str, smooth_window: int = 1) -> Tuple[List[int], List[float], List[float]]:
+    """Per step: mean and std over the runs that logged a finite value there."""
+    per_step: Dict[int, List[float]] = {}
+    for r in runs:
+        steps, vals = r.series(key)
+        for s, v in zip(steps, smooth(vals, smooth_window)):
+            if _finite(v):
+                per_step.setdefault(s, []).append(v)
+    steps = sorted(per_step)
+    means = [sum(per_step[s]) / len(per_step[s]) for s in steps]
+    stds = [math.sqrt(sum((v - m) ** 2 for v in per_step[s]) / len(per_step[s])) for s, m in zip(steps, means)]
+    return steps, means, stds
+
+
+def write_plots(groups: Sequence[Tuple[str, List[Run]]], out: Path, smooth_window: int = 1) -> List[str]:
+    """success.png, reward.png, clip_kl.png under ``out``. Returns the file names; ImportError without matplotlib."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figures = {
+        "success.png": [(VAL_SUCCESS, "held-out success (val/success)", 1),
+                        (TRAIN_SUCCESS, "train success (env/success)", smooth_window)],
+        "reward.png": [(VAL_REWARD, "held-out reward (val/reward)", 1),
+                       (TRAIN_REWARD, "train reward (env/reward)", smooth_window)],
+        "clip_kl.png": [(CLIP_TOKEN, "clip fraction, tokens", smooth_window),
+                        (CLIP_TURN, "clip fraction, turns", smooth_window),
+                        (KL, "approx KL (actor/approx_kl)", smooth_window)],
+    }
+    written = []
+    for name, panels in figures.items():
+        fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
+        for ax, (key, title, w) in zip(axes[0], panels):
+            for i, (label, runs) in enumerate(groups):
+                steps, means, stds = _curve(runs, key, w)
+                if not steps:
+                    continue
+                color = f"C{i % 10}"
+                ax.plot(steps, means, color=color, marker="o" if len(steps) < 30 else None, markersize=3,
+                        label=f"{label} (n={len(runs)})")
+                ax.fill_between(steps, [m - s for m, s in zip(means, stds)], [m + s for m, s in zip(means, stds)],
+                                color=color, alpha=0.2, linewidth=0)
+            ax.set_title(title + (f", {w}-step avg" if w > 1 else ""))
+            if key in (VAL_SUCCESS, TRAIN_SUCCESS):
+                ax.set_ylim(-0.02, 1.02)
+            ax.set_xlabel("step")
+            ax.grid(alpha=0.3)
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(out / name, dpi=110)
+        plt.close(fig)
+        written.append(name)
+    return written
+
+
+# ------------------------------------------------------------------------------------------------ report
+def build_report(paths: Sequence[str], out: str | Path = "docs/results", group_by: Sequence[str] = ("algo.name",),
+                 threshold: float = 0.5, smooth_window: int = 1, plots: bool = True) -> str:
+    """Read the runs under ``paths``, write ``results.md`` (and the PNGs) to ``out``; return the Markdown."""
+    run_dirs = find_runs(paths)
+    if not run_dirs:
+        raise FileNotFoundError(f"no runs (directories with metrics.jsonl) under {', '.join(map(str, paths))}")
+    runs = [load_run(d) for d in run_dirs]
+    keys = list(group_by)
+    groups = group_runs(runs, keys)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    plot_note = "Plots: skipped (--no-plots)."
+    if plots:
+        try:
+            names = write_plots(groups, out, smooth_window)
+            plot_note = "Plots: " + ", ".join(f"[{n}]({n})" for n in names) + \
+                        " (mean over seeds, shaded ± 1 std over seeds)."
+        except ImportError:
+            plot_note = "Plots: skipped (matplotlib is not installed: pip install matplotlib)."
+    n_partial = sum(not r.complete for r in runs)
+    lines = ["# Results", "",
+             f"{len(runs)} run{'s' * (len(runs) != 1)} in {len(groups)} group{'s' * (len(groups) != 1)} from "
+             + ", ".join(f"`{p}`" for p in paths)
+             + (f"; {n_partial} running or crashed (marked below, their data used as it is)." if n_partial else "."),
+             ""]
+    lines += header_notes(keys, threshold, smooth_window)
+    lines += ["", markdown_table(groups, keys, threshold, smooth_window), ""]
+    for w in duplicate_seed_warnings(groups):
+        lines += [f"Warning: {w}.", ""]
+    lines += [plot_note, "", "## Runs", "", runs_table(groups), ""]
+    text = "\n".join(lines)
+    (out / "results.md").write_text(text)
+    return text
+
+
+# ------------------------------------------------------------------------------------------------ sweeps
+def sweep_jobs(overrides: Sequence[str]) -> List[List[str]]:
+    """The jobs (override lists) that ``python -m ragen_turn.train --multirun OVERRIDES`` launches, expanded by
+    Hydra's basic sweeper from ``hydra.sweeper.params`` (the sweep file) and the command-line sweeps."""
+    from hydra import initialize_config_dir
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.types import RunMode
+
+    from ragen_turn.train import CONFIG_DIR
+
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        # composed as --multirun does, so that sweeps on the command line (a=1,2) are allowed
+        hcfg = GlobalHydra.instance().hydra.compose_config(config_name="base", overrides=list(overrides),
+                                                           run_mode=RunMode.MULTIRUN)
+    params = [f"{k}={v}" for k, v in (hcfg.hydra.sweeper.params or {}).items()]
+    parser = OverridesParser.create()
+    task = [o for o in parser.parse_overrides(list(overrides)) if not o.is_hydra_override()]
+    parsed = parser.parse_overrides(params + [o.input_line for o in task])
+    return [list(job) for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+
+
+def compose_job(job: Sequence[str], hydra_overrides: Sequence[str] = ()):
+    """The resolved config of one sweep job."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from ragen_turn.train import CONFIG_DIR
+
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        cfg = compose(config_name="base", overrides=list(job) + list(hydra_overrides))
+    OmegaConf.resolve(cfg)
+    return cfg
+
+
+def list_jobs(overrides: Sequence[str], validate: bool = True) -> int:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    jobs = sweep_jobs(overrides)
+    hyd = [o.input_line for o in OverridesParser.create().parse_overrides(list(overrides)) if o.is_hydra_override()]
+    check = None
+    if validate:
+        try:
+            from ragen_turn.engines.local.trainer import validate_config as check
+        except Exception as e:  # noqa: BLE001 - torch missing etc.: list without checking
+            print(f"(configs not checked: {e})")
+    dirs: Dict[str, int] = {}
+    bad = 0
+    for i, job in enumerate(jobs):
+        cfg = compose_job(job, hyd)
+        d = str(cfg.trainer.default_local_dir)
+        note = ""
+        if d in dirs:
+            note = f"  SAME RUN DIR AS JOB {dirs[d]}"
+            bad += 1
+        dirs.setdefault(d, i)
+        if check is not None:
+            from omegaconf import open_dict
+
+            with open_dict(cfg):
+                cfg.device = "cpu"
+            try:
+                check(cfg)
+            except ValueError as e:
+                note += f"  INVALID: {e}"
+                bad += 1
+        print(f"{i:4d}  {d}  [{' '.join(job)}]{note}")
+    print(f"{len(jobs)} jobs, {len(dirs)} distinct run dirs" + (f", {bad} problems" if bad else ""))
+    return 1 if bad else 0
+
+
+# ------------------------------------------------------------------------------------------------ CLI
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m ragen_turn.report", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("paths", nargs="*", help="run directories or directories holding runs (searched recursively); "
+                                             "with --list-jobs: Hydra overrides")
+    ap.add_argument("--group-by", default="algo.name",
+                    help="comma-separated dotted config keys that label a group (default algo.name), "
+                         "e.g. algo.name,algorithm.gamma,algorithm.lam")
+    ap.add_argument("--threshold", type=float, default=0.5, help="held-out success level for 'steps to' (0.5)")
+    ap.add_argument("--smooth", type=int, default=1,
+                    help="moving-average window over training steps for the collapse measure and train curves (1)")
+    ap.add_argument("--out", default="docs/results", help="output directory (docs/results)")
+    ap.add_argument("--no-plots", action="store_true", help="write the table only")
+    ap.add_argument("--list-jobs", action="store_true",
+                    help="list the jobs a --multirun with these overrides launches (no training), e.g. "
+                         "--list-jobs env=sokoban algo=turn_ppo +sweep=gamma_lambda")
+    ap.add_argument("--no-check", action="store_true", help="with --list-jobs: skip the config checks")
+    args = ap.parse_intermixed_args(argv)
+    if args.list_jobs:
+        return list_jobs(args.paths, validate=not args.no_check)
+    if not args.paths:
+        ap.error("give at least one run directory (or a directory of runs)")
+    keys = [k.strip() for k in args.group_by.split(",") if k.strip()]
+    try:
+        text = build_report(args.paths, args.out, keys, args.threshold, max(1, args.smooth), plots=not args.no_plots)
+    except FileNotFoundError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(text)
+    print(f"wrote {Path(args.out) / 'results.md'}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,178 @@
+"""ragen_turn.report on synthetic runs: hand-computed table cells, a crashed run, null / NaN values, plots."""
+from __future__ import annotations
+
+import json
+import math
+import sys
+
+import pytest
+import yaml
+
+from ragen_turn import report
+
+N = None  # null in metrics.jsonl
+
+
+def write_run(root, name, algo, seed, rows, total=4, tail=""):
+    """A run directory as the trainers write it: config.yaml + metrics.jsonl (rows = dicts, one per step)."""
+    d = root / name
+    d.mkdir(parents=True)
+    cfg = {"seed": seed, "algo": {"name": algo}, "env": {"name": "sokoban"}, "model": {"name": "tiny"},
+           "algorithm": {"gamma": 0.99, "lam": 0.9}, "trainer": {"total_training_steps": total}}
+    (d / "config.yaml").write_text(yaml.safe_dump(cfg))
+    if rows is not None:
+        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + tail)
+    return d
+
+
+def train_row(step, env_success, clip=0.0, kl=0.01, step_s=2.0, clip_turn=None, **val):
+    row = {"step": step, "env/success": env_success, "env/reward": 0.0, "actor/clip_frac_token": clip,
+           "actor/clip_frac_turn": clip if clip_turn is None else clip_turn, "actor/approx_kl": kl,
+           "perf/step_s": step_s}
+    row.update({f"val/{k}": v for k, v in val.items()})
+    return row
+
+
+def val_row(step, success, reward):
+    return {"step": step, "val/success": success, "val/reward": reward, "val/turns": 3.0}
+
+
+@pytest.fixture
+def runs_dir(tmp_path):
+    root = tmp_path / "runs"
+    # turn_ppo: three finished seeds (evals at steps 0, 2, 4)
+    for seed, vs, vr, env, clip in [(0, (0.0, 0.5, 0.75), (-1.0, 1.0, 2.0), (0.2, 0.6, 0.3, 0.5), 0.1),
+                                    (1, (0.25, 0.25, 0.5), (-0.5, 0.0, 1.0), (0.4, 0.4, 0.4, 0.4), 0.2),
+                                    (2, (0.0, 0.25, 0.25), (-1.0, -0.5, 0.0), (0.2, 0.1, 0.3, 0.0), 0.3)]:
+        rows = [val_row(0, vs[0], vr[0])]
+        for step in range(1, 5):
+            val = dict(success=vs[step // 2], reward=vr[step // 2]) if step % 2 == 0 else {}
+            rows.append(train_row(step, env[step - 1], clip=clip, clip_turn=0.05, **val))
+        write_run(root, f"sokoban_turn_ppo_tiny_s{seed}", "turn_ppo", seed, rows)
+    # grpo seed 0: finished, a null training success and a null / NaN final eval
+    rows = [val_row(0, 0.25, 0.0), train_row(1, 0.5, kl=0.02, step_s=1.0),
+            train_row(2, N, kl=0.02, step_s=1.0, success=0.5, reward=0.5), train_row(3, 0.25, kl=0.02, step_s=1.0),
+            train_row(4, 0.75, kl=0.02, step_s=1.0, success=N, reward=float("nan"))]
+    write_run(root, "sokoban_grpo_tiny_s0", "grpo", 0, rows)
+    # grpo seed 1: crashed in step 3, its last line cut off
+    rows = [val_row(0, 0.0, -1.0), train_row(1, 0.25, clip=0.1, kl=0.04, step_s=3.0),
+            train_row(2, 0.5, clip=0.1, kl=0.04, step_s=3.0, success=0.25, reward=-0.5)]
+    write_run(root, "sokoban_grpo_tiny_s1", "grpo", 1, rows, tail='{"step": 3, "env/succ')
+    # token_ppo: stopped before its first metrics line (config.yaml only)
+    write_run(root, "sokoban_token_ppo_tiny_s0", "token_ppo", 0, None)
+    return root
+
+
+EXPECTED_ROWS = [
+    "| grpo | 2 (1 running or crashed: seed 1: last step 2 of 4) | 0.125 ± 0.177 | 0.250 | 0.375 ± 0.177 | -0.500 | "
+    "0.000 ± 0.707 | 0.438 ± 0.088 | 2 (1/2) | 0.125 ± 0.177 | 0.0500 ± 0.0707 | 0.0500 ± 0.0707 | "
+    "0.03000 ± 0.01414 | 2.0 ± 1.4 | 3 (+1 bad lines) |",
+    "| token_ppo | 1 (1 running or crashed: seed 0: no metrics yet, of 4 steps) | - | - | - | - | - | - | "
+    "not reached (0/1) | - | - | - | - | - | 0 |",
+    "| turn_ppo | 3 | 0.083 ± 0.144 | 0.500 ± 0.250 | 0.500 ± 0.250 | 1.000 ± 1.000 | 1.000 ± 1.000 | "
+    "0.317 ± 0.144 | 3 ± 1 (2/3) | 0.200 ± 0.173 | 0.2000 ± 0.1000 | 0.0500 ± 0.0000 | 0.01000 ± 0.00000 | "
+    "2.0 ± 0.0 | 0 |",
+]
+
+
+def test_table_on_synthetic_runs(runs_dir, tmp_path):
+    out = tmp_path / "out"
+    text = report.build_report([str(runs_dir)], out, plots=False)
+    assert (out / "results.md").read_text() == text
+    lines = text.splitlines()
+    head = next(i for i, ln in enumerate(lines) if ln.startswith("| algo.name |"))
+    assert lines[head] == ("| algo.name | runs | init val success | final val success | best val success | "
+                           "final val reward | best val reward | train success (last 5) | steps to 0.5 | collapse | "
+                           "clip token | clip turn | KL | s/step | NaN |")
+    assert lines[head + 2: head + 5] == EXPECTED_ROWS  # grpo, token_ppo, turn_ppo: the algo order of the papers
+    assert "6 runs in 3 groups" in text and "2 running or crashed" in text
+    # every column is defined above the table
+    for word in ("**success**", "**reward**", "**held-out**", "**train**", "**init**", "**final**", "**best**",
+                 "**steps to 0.5**", "**collapse**", "**clip token / clip turn**", "**KL**", "**NaN**"):
+        assert word in text
+    assert "Plots: skipped (--no-plots)" in text
+    # the per-run section marks the crashed run and the cut-off line
+    run_line = next(ln for ln in lines if "sokoban_grpo_tiny_s1" in ln)
+    assert "running or crashed: last step 2 of 4" in run_line and run_line.endswith("| 1 |")
+
+
+def test_loading_crashed_run_and_nan(runs_dir):
+    run = report.load_run(runs_dir / "sokoban_grpo_tiny_s1")
+    assert run.bad_lines == 1 and run.last_step == 2 and not run.complete
+    assert run.status() == "running or crashed: last step 2 of 4"
+    run = report.load_run(runs_dir / "sokoban_grpo_tiny_s0")
+    assert run.complete and run.nan_counts["val/success"] == 1 and run.nan_counts["val/reward"] == 1
+    assert math.isnan(report.final_eval(run, "val/success"))
+    assert report.best_eval(run, "val/success") == 0.5
+    assert report.steps_to_threshold(run, 0.5) == 2 and report.steps_to_threshold(run, 0.9) is None
+
+
+def test_resumed_run_last_line_per_step_wins(tmp_path):
+    rows = [val_row(0, 0.0, 0.0), train_row(1, 0.1), train_row(2, 0.9), train_row(1, 0.3), train_row(2, 0.4)]
+    run = report.load_run(write_run(tmp_path, "r", "turn_ppo", 0, rows, total=2))
+    assert [r["step"] for r in run.rows] == [0, 1, 2]
+    assert run.series("env/success")[1] == [0.3, 0.4]
+
+
+def test_max_drop_and_smoothing():
+    assert report.max_drop([0.1, 0.5, 0.2, 0.6, 0.55]) == pytest.approx(0.3)
+    assert report.max_drop([0.1, 0.2, 0.3]) == 0.0
+    assert report.max_drop([float("nan"), 0.5, float("nan"), 0.1]) == pytest.approx(0.4)
+    assert math.isnan(report.max_drop([float("nan")]))
+    assert report.smooth([0.0, 1.0, 0.0, 1.0], 2) == [0.0, 0.5, 0.5, 0.5]
+
+
+def test_group_by_several_keys_and_duplicate_seeds(runs_dir, tmp_path):
+    text = report.build_report([str(runs_dir)], tmp_path / "o", ["algorithm.gamma", "algorithm.lam"], plots=False)
+    assert "| algorithm.gamma, algorithm.lam | runs |" in text
+    row = next(ln for ln in text.splitlines() if ln.startswith("| 0.99, 0.9 |"))
+    assert row.startswith("| 0.99, 0.9 | 6 (2 running or crashed")  # every run in one group
+    assert "Warning: group `0.99, 0.9` holds several runs with seed 0, 1" in text
+
+
+def test_threshold_option(runs_dir, tmp_path):
+    text = report.build_report([str(runs_dir)], tmp_path / "o", threshold=0.25, plots=False)
+    assert "steps to 0.25" in text
+    turn = next(ln for ln in text.splitlines() if ln.startswith("| turn_ppo |"))
+    assert "| 1 ± 1 (3/3) |" in turn  # steps 0, 2, 2
+
+
+def test_plots_written(runs_dir, tmp_path):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "o"
+    text = report.build_report([str(runs_dir / "sokoban_turn_ppo_tiny_s0"), str(runs_dir / "sokoban_grpo_tiny_s1")],
+                               out)
+    for name in ("success.png", "reward.png", "clip_kl.png"):
+        assert (out / name).stat().st_size > 1000
+        assert f"[{name}]({name})" in text
+
+
+def test_without_matplotlib_table_still_written(runs_dir, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    out = tmp_path / "o"
+    text = report.build_report([str(runs_dir)], out)
+    assert "Plots: skipped (matplotlib is not installed" in text
+    assert EXPECTED_ROWS[2] in (out / "results.md").read_text()
+    assert not (out / "success.png").exists()
+
+
+def test_cli(runs_dir, tmp_path, capsys):
+    out = tmp_path / "cli"
+    assert report.main(["--no-plots", str(runs_dir), "--out", str(out), "--group-by", "algo.name"]) == 0
+    printed = capsys.readouterr().out
+    assert EXPECTED_ROWS[0] in printed and (out / "results.md").is_file()
+    assert report.main([str(tmp_path / "missing"), "--out", str(out)]) == 2
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert report.main([str(empty), "--out", str(out)]) == 2
+
+
+def test_run_discovery_skips_hydra_and_checkpoints(runs_dir):
+    run = runs_dir / "sokoban_turn_ppo_tiny_s0"
+    (run / "hydra" / ".hydra").mkdir(parents=True)
+    (run / "hydra" / ".hydra" / "config.yaml").write_text("trainer: {total_training_steps: 1}\n")
+    (run / "checkpoints" / "step_000004" / "actor").mkdir(parents=True)
+    (run / "checkpoints" / "step_000004" / "actor" / "config.yaml").write_text("trainer: {}\n")
+    found = report.find_runs([str(runs_dir)])
+    assert len(found) == 6 and run in found
+    assert report.find_runs([str(run / "metrics.jsonl")]) == [run]

@@ -1,0 +1,219 @@
+"""config/sweep/ and config/paper/: each composes, --multirun expands to the right jobs with distinct run dirs,
+the papers' values are the SPEC's. No training: jobs are composed, checked and counted, never run."""
+from __future__ import annotations
+
+import copy
+import functools
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import OmegaConf
+
+from ragen_turn.report import sweep_jobs
+from ragen_turn.train import CONFIG_DIR, compose_config
+
+ROOT = Path(__file__).resolve().parent.parent
+SWEEPS = {  # name -> (overrides as documented in the sweep file, jobs)
+    "algos": (["env=sokoban", "+sweep=algos"], 24),
+    "gamma_lambda": (["env=sokoban", "algo=turn_ppo", "+sweep=gamma_lambda"], 48),
+    "batch_design": (["env=sokoban", "algo=turn_ppo", "+sweep=batch_design"], 48),
+    "critic_lr": (["env=sokoban", "algo=turn_ppo", "+sweep=critic_lr"], 12),
+}
+PAPERS = ["turnppo_webshop_qwen2.5-3b", "turnppo_webshop_qwen3-1.7b", "turnppo_webshop_qwen3-1.7b-think",
+          "turnppo_sokoban_qwen2.5-3b", "turnppo_sokoban_qwen2.5-7b"]
+ALGOS = ["grpo", "token_ppo", "bi_level_gae", "turn_ppo", "turn_ppo_geo", "turn_is", "s_ppo", "st_ppo"]
+
+
+def test_every_sweep_and_paper_file_is_tested():
+    assert sorted(p.stem for p in (ROOT / "config" / "sweep").glob("*.yaml")) == sorted(SWEEPS)
+    assert sorted(p.stem for p in (ROOT / "config" / "paper").glob("*.yaml")) == sorted(PAPERS + ["turnppo_common"])
+
+
+def test_cfg_job_composes_on_the_command_line():
+    """``python -m ragen_turn.train ... --cfg job`` for every sweep and one paper config (run side by side; the
+    other paper configs are composed in-process below, as --cfg job does)."""
+    cmds = [[*SWEEPS[s][0], "--cfg", "job"] for s in SWEEPS]
+    cmds += [[f"+paper={PAPERS[2]}", "model.path=/models/x", "--cfg", "job", "--resolve"]]
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    procs = [subprocess.Popen([sys.executable, "-m", "ragen_turn.train", *c], cwd=ROOT, env=env, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for c in cmds]
+    for c, p in zip(cmds, procs):
+        out, _ = p.communicate(timeout=60)
+        assert p.returncode == 0, (c, out)
+        assert "trainer:" in out and "experiment_name:" in out, (c, out)
+
+
+@functools.lru_cache(maxsize=None)
+def _jobs(*overrides):
+    return sweep_jobs(list(overrides))
+
+
+def _compose_jobs(jobs):
+    """The resolved config of each job. Hydra composes once per distinct choice of config groups; a plain key
+    override (``algorithm.gamma=0.9``) is then applied as Hydra applies it, by setting the key (cheaper)."""
+    parser = OverridesParser.create()
+    composed, out = {}, []
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        for job in jobs:
+            parsed = parser.parse_overrides(list(job))
+            groups = tuple(o.input_line for o in parsed if o.is_add() or o.key_or_group in ("env", "algo", "model",
+                                                                                             "engine"))
+            if groups not in composed:
+                composed[groups] = compose(config_name="base", overrides=list(groups))
+            cfg = copy.deepcopy(composed[groups])
+            for o in parsed:
+                if o.input_line not in groups:
+                    OmegaConf.update(cfg, o.key_or_group, o.value(), force_add=False)
+            OmegaConf.resolve(cfg)
+            out.append(cfg)
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(SWEEPS))
+def test_sweep_expands_to_distinct_valid_jobs(name):
+    from ragen_turn.engines.local.trainer import validate_config
+
+    overrides, n_jobs = SWEEPS[name]
+    jobs = _jobs(*overrides)
+    assert len(jobs) == n_jobs
+    assert len({tuple(sorted(j)) for j in jobs}) == n_jobs
+    assert sorted({j for job in jobs for j in job if j.startswith("seed=")}) == ["seed=0", "seed=1", "seed=2"]
+    cfgs = _compose_jobs(jobs)
+    dirs = set()
+    for cfg in cfgs:
+        # every job passes the trainer's config checks: a refused job would stop the whole --multirun
+        cfg.device = "cpu"
+        validate_config(cfg)
+        d = str(cfg.trainer.default_local_dir)
+        assert d.startswith(f"runs/sweep_{name}/") and d.endswith(f"_s{cfg.seed}"), d
+        dirs.add(d)
+    assert len(dirs) == n_jobs
+    # one job composed by Hydra from scratch is the same config
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        full = compose(config_name="base", overrides=list(jobs[-1]))
+    OmegaConf.resolve(full)
+    full.device = "cpu"
+    assert full == cfgs[-1]
+    cfgs = [c for c in cfgs if c.seed == 0]
+
+    # the swept values
+    if name == "algos":
+        assert sorted(c.algo.name for c in cfgs) == sorted(ALGOS)
+    elif name == "gamma_lambda":
+        assert sorted({c.algorithm.gamma for c in cfgs}) == [0.9, 0.95, 0.99, 1.0]
+        assert sorted({c.algorithm.lam for c in cfgs}) == [0.8, 0.9, 0.95, 1.0]
+        assert all(c.algo.name == "turn_ppo" for c in cfgs) and len(cfgs) == 16
+    elif name == "batch_design":
+        shapes = {(c.es_manager.train.env_groups, c.es_manager.train.group_size) for c in cfgs}
+        assert shapes == {(64, 1), (32, 2), (16, 4), (8, 8)}
+        assert sorted({c.ppo_mini_batch_size for c in cfgs}) == [16, 64]
+        assert sorted({c.ppo_epochs for c in cfgs}) == [1, 4]
+    elif name == "critic_lr":
+        ratios = sorted(round(c.critic.optim.lr / c.actor_rollout_ref.actor.optim.lr, 6) for c in cfgs)
+        assert ratios == [1, 5, 10, 50]
+
+
+def test_sweep_lists_can_be_narrowed_on_the_command_line():
+    # train.sh passes algo=...: a list there replaces the sweep's; grpo drops the G = 1 shape
+    assert len(_jobs("env=sokoban", "algo=" + ",".join(ALGOS), "+sweep=algos")) == 24
+    assert len(_jobs("env=sokoban", "algo=turn_ppo", "+sweep=algos")) == 3
+    grpo = _jobs("env=sokoban", "algo=grpo", "+sweep=batch_design", "+sweep/batch_shape=br32_g2,br16_g4,br8_g8")
+    assert len(grpo) == 36 and not any("+sweep/batch_shape=br64_g1" in j for j in grpo)
+
+
+def test_multirun_launches_each_job_in_its_own_run_dir(tmp_path):
+    """The real --multirun path (Hydra's basic sweeper and launcher) with a task that only records its config,
+    arguments in train.sh's order (``env= algo= +sweep=... --multirun``)."""
+    script = tmp_path / "task.py"
+    script.write_text(
+        "import hydra\n"
+        "from ragen_turn.train import CONFIG_DIR\n"
+        "@hydra.main(config_path=CONFIG_DIR, config_name='base', version_base='1.3')\n"
+        "def main(cfg):\n"
+        "    from hydra.core.hydra_config import HydraConfig\n"
+        "    print('JOB', cfg.trainer.default_local_dir, cfg.critic.optim.lr, HydraConfig.get().runtime.output_dir)\n"
+        "main()\n")
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    out = subprocess.run([sys.executable, str(script), "env=sokoban", "algo=turn_ppo", "+sweep=critic_lr", "seed=0",
+                          "--multirun"], cwd=tmp_path, env=env, text=True, capture_output=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    jobs = [ln.split() for ln in out.stdout.splitlines() if ln.startswith("JOB")]
+    assert len(jobs) == 4
+    assert len({j[1] for j in jobs}) == 4
+    for _, run_dir, _, hydra_dir in jobs:
+        assert run_dir.startswith("runs/sweep_critic_lr/sokoban_turn_ppo_tiny_alr0.0005_clr")
+        assert Path(hydra_dir) == tmp_path / run_dir / "hydra"  # Hydra's job files sit inside the run dir
+    assert (tmp_path / "runs" / "sweep_critic_lr" / "multirun.yaml").is_file()
+
+
+# ------------------------------------------------------------------------------------------------ paper configs
+@functools.lru_cache(maxsize=None)
+def _paper(name, *extra):
+    return compose_config([f"+paper={name}", "model.path=/models/x", *extra])
+
+
+@pytest.mark.parametrize("name", PAPERS)
+def test_paper_config_has_the_spec_values(name):
+    from ragen_turn.engines.local.trainer import validate_config
+
+    cfg = _paper(name)
+    a = cfg.actor_rollout_ref.actor
+    assert cfg.engine.name == "verl" and cfg.algo.name == "turn_ppo"
+    assert cfg.env.name == name.split("_")[1]
+    assert (a.optim.lr, cfg.critic.optim.lr) == (1e-6, 1e-5)
+    assert (cfg.algorithm.gamma, cfg.algorithm.lam) == (0.99, 0.9)
+    assert (a.clip_ratio_low, a.clip_ratio_high, a.entropy_coeff) == (0.2, 0.28, 0.001)
+    assert a.use_kl_loss and a.kl_loss_coef == 0.001
+    assert a.policy_loss.ratio_mode == "sum"
+    assert cfg.actor_rollout_ref.rollout.response_length == 400
+    assert cfg.agent_proxy.max_turn == (9 if cfg.env.name == "webshop" else 5)
+    assert cfg.agent_proxy.enable_think == name.endswith("-think")
+    assert cfg.trainer.total_training_steps == 200
+    assert cfg.es_manager.train.group_size == 1 and cfg.es_manager.train.env_groups >= 64  # G = 1, many prompts
+    assert cfg.dtype == "bfloat16"
+    # token-PPO baseline: gamma = lam = 1
+    tok = _paper(name, "algo=token_ppo")
+    assert (tok.algorithm.gamma, tok.algorithm.lam) == (1.0, 1.0) and tok.actor_rollout_ref.actor.optim.lr == 1e-6
+    # the local checks pass, and verl's batching can split the batch over the GPUs
+    for c in (cfg, tok):
+        c.device = "cpu"
+        validate_config(c)
+        kept, bm = c.es_manager.train.env_groups * c.es_manager.train.group_size, c.ppo_mini_batch_size
+        assert kept % bm == 0 and bm % (c.trainer.n_gpus_per_node * c.trainer.nnodes) == 0
+
+
+def test_paper_runs_have_distinct_dirs_and_need_a_model_path():
+    dirs = {str(_paper(p).trainer.default_local_dir) for p in PAPERS}
+    assert len(dirs) == len(PAPERS) and all(d.startswith("runs/paper/") for d in dirs)
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        cfg = compose(config_name="base", overrides=[f"+paper={PAPERS[0]}"])
+    assert OmegaConf.is_missing(cfg.model, "path")
+
+
+def test_paper_configs_only_set_existing_keys():
+    """Every key the paper files set exists in the config they override (base + groups, engine=verl)."""
+    missing = object()
+    base = compose_config(["engine=verl", "model.path=/models/x"])
+
+    def leaves(node, prefix=""):
+        for k, v in node.items():
+            key = f"{prefix}{k}"
+            if isinstance(v, dict):
+                yield from leaves(v, key + ".")
+            else:
+                yield key
+
+    for path in sorted((ROOT / "config" / "paper").glob("*.yaml")):
+        data = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+        data.pop("defaults", None)
+        for key in leaves(data):
+            assert OmegaConf.select(base, key, default=missing) is not missing, f"{path.name}: {key}"
+    common = (ROOT / "config" / "paper" / "turnppo_common.yaml").read_text()
+    assert "UNCONFIRMED" in next(ln for ln in common.splitlines() if "kl_loss_coef" in ln)
+    for p in PAPERS:
+        assert f"python -m ragen_turn.train +paper={p}" in (ROOT / "config" / "paper" / f"{p}.yaml").read_text()
