@@ -180,3 +180,13 @@ def test_eval_checkpoint_schema(tmp_path):
     assert m["episodes"] == 2 and 0.0 <= m["val/success"] <= 1.0
     table = format_table(m, "x")
     assert table.splitlines()[0].startswith("| model | episodes | success")
+
+
+def test_starpo_s_group_filter_keeps_top_groups_by_std_or_mean():
+    from ragen_turn.engines.common import kept_rows
+
+    gids = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3])
+    rewards = torch.tensor([0.0, 10.0, 5.0, 5.0, 1.0, 2.0, 7.0, 9.0])  # stds 5, 0, .5, 1 ; means 5, 5, 1.5, 8
+    assert kept_rows(gids, rewards, 0.5, "std").tolist() == [0, 1, 6, 7]
+    assert kept_rows(gids, rewards, 0.25, "mean").tolist() == [6, 7]
+    assert kept_rows(gids, rewards, 1.0, "std").tolist() == list(range(8))

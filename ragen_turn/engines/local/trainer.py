@@ -31,19 +31,18 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from ragen_turn.algos import (
-    compute_bi_level_gae,
-    compute_grpo_advantages,
-    compute_token_gae,
-    compute_turn_gae,
     get_policy_loss_fn,
     kl_penalty,
     masked_mean,
-    masked_whiten,
-    place_turn_rewards,
-    scatter_turns,
     turn_start_values,
     value_loss,
     values_before_tokens,
+)
+from ragen_turn.engines.common import (
+    compute_starpo_advantages,
+    compute_turn_advantages,
+    kept_rows,
+    read_turn_values,
 )
 from ragen_turn.models import CriticModel, load_model_and_tokenizer, sequence_logprobs
 from ragen_turn.rollout import ChatFormatter, ContextConfig, EnvGroupManager, Trajectory, run_episodes
@@ -238,45 +237,8 @@ class StarPOTrainer:
         r = self.cfg.actor_rollout_ref.rollout
         if r.rollout_filter_ratio >= 1.0:
             return batch
-        gids = batch.group_ids
-        uniq = gids.unique()
-        score = []
-        for g in uniq.tolist():
-            rew = batch.episode_rewards[gids == g]
-            score.append(float(rew.std(unbiased=False)) if r.rollout_filter_type == "std" else float(rew.mean()))
-        k = max(1, int(round(len(uniq) * r.rollout_filter_ratio)))
-        keep = uniq[torch.tensor(score).argsort(descending=True, stable=True)[:k]]
-        idx = torch.isin(gids, keep).nonzero().flatten()
-        return batch.select(idx)
-
-    def normalized_turn_rewards(self, batch: Trajectory) -> torch.Tensor:
-        """Turn rewards after ``use_turn_scores`` and RAGEN's reward normalisation (``[B, H]``).
-
-        Normalisation is an affine map of each episode's return R -> (R - mean) / std over its group
-        (``grouping=state``) or the batch: every turn reward is divided by std and the mean comes off
-        the last turn, so the per-turn structure is kept.
-        """
-        ap = self.cfg.agent_proxy
-        tr, tm = batch.turn_rewards.clone(), batch.turn_mask
-        last = (tm.sum(dim=1).long() - 1).clamp(min=0)
-        if not ap.use_turn_scores:
-            total = tr.sum(dim=1)
-            tr = torch.zeros_like(tr).scatter(1, last[:, None], total[:, None])
-        method = ap.reward_normalization.method
-        if method == "identity":
-            return tr
-        groups = batch.group_ids if ap.reward_normalization.grouping == "state" else torch.zeros_like(batch.group_ids)
-        R = tr.sum(dim=1)
-        _, inv = groups.unique(return_inverse=True)
-        G = int(inv.max()) + 1
-        cnt = torch.zeros(G).scatter_add(0, inv, torch.ones_like(R))
-        mean = torch.zeros(G).scatter_add(0, inv, R) / cnt
-        scale = torch.ones_like(R)
-        if method == "mean_std":
-            var = torch.zeros(G).scatter_add(0, inv, (R - mean[inv]) ** 2) / cnt
-            scale = 1.0 / (var.sqrt()[inv] + 1e-6)
-        tr = tr * scale[:, None]
-        return tr.scatter_add(1, last[:, None], (-mean[inv] * scale)[:, None]) * tm
+        return batch.select(kept_rows(batch.group_ids, batch.episode_rewards, r.rollout_filter_ratio,
+                                      r.rollout_filter_type))
 
     # -------------------------------------------------------------------------------- scoring
     def _micro_batches(self, n: int) -> List[torch.Tensor]:
@@ -312,25 +274,9 @@ class StarPOTrainer:
     def read_values(self, batch: Trajectory) -> None:
         """Hook: derived value layouts (the turn critic's V(s_h))."""
 
-    # -------------------------------------------------------------------------------- advantages
     def compute_advantages(self, batch: Trajectory) -> None:
-        alg = self.cfg.algorithm
-        mask = batch.response_mask
-        tr = self.normalized_turn_rewards(batch)
-        if alg.adv_estimator == "grpo":
-            adv = compute_grpo_advantages(tr.sum(dim=1), batch.group_ids, norm_by_std=alg.norm_adv_by_std_in_grpo)
-            batch.advantages = adv[:, None] * mask
-            batch.returns = batch.advantages.clone()
-            return
-        if alg.adv_estimator == "token_gae":
-            adv, ret = compute_token_gae(place_turn_rewards(tr, batch.turn_ids), batch.values, mask, alg.gamma,
-                                         alg.lam)
-        elif alg.adv_estimator == "bi_level_gae":
-            adv, ret = compute_bi_level_gae(tr, batch.values, mask, alg.gamma, alg.lam, alg.high_level_gamma)
-        else:
-            raise ValueError(f"{type(self).__name__} does not compute algorithm.adv_estimator={alg.adv_estimator}")
-        batch.advantages = masked_whiten(adv, mask) if alg.norm_adv else adv
-        batch.returns = ret
+        """Hook: advantages and returns (RAGEN's grpo / token GAE / bi-level GAE)."""
+        compute_starpo_advantages(batch, self.cfg)
 
     # -------------------------------------------------------------------------------- critic
     def critic_loss(self, mb: Trajectory, values: torch.Tensor):
@@ -595,21 +541,10 @@ class TurnPPOTrainer(StarPOTrainer):
     """
 
     def read_values(self, batch: Trajectory) -> None:
-        if self.cfg.critic.level == "turn":
-            H = batch.turn_mask.shape[1]
-            batch.turn_values = turn_start_values(batch.values, batch.turn_ids, H)
+        read_turn_values(batch, self.cfg)
 
     def compute_advantages(self, batch: Trajectory) -> None:
-        alg = self.cfg.algorithm
-        if alg.adv_estimator != "turn_gae":
-            return super().compute_advantages(batch)
-        tr = self.normalized_turn_rewards(batch)
-        adv, ret = compute_turn_gae(tr, batch.turn_values, batch.turn_mask, alg.gamma, alg.lam)
-        if alg.norm_adv:
-            adv = masked_whiten(adv, batch.turn_mask)  # each turn is one sample of the turn-MDP
-        batch.turn_returns = ret
-        batch.advantages = scatter_turns(adv, batch.turn_ids) * batch.response_mask
-        batch.returns = scatter_turns(ret, batch.turn_ids) * batch.response_mask
+        compute_turn_advantages(batch, self.cfg)
 
     def critic_loss(self, mb: Trajectory, values: torch.Tensor):
         if self.cfg.critic.level != "turn":

@@ -44,6 +44,13 @@ from verl.utils.debug import marked_timer
 from verl.utils.metric import reduce_metrics
 
 from ragen_turn.algos import check_turn_ids, place_turn_rewards, turn_boundaries, turn_mask_from_ids
+from ragen_turn.engines.common import (
+    compute_starpo_advantages,
+    compute_turn_advantages,
+    kept_rows,
+    normalized_turn_rewards,
+    read_turn_values,
+)
 from ragen_turn.engines.local import trainer as local
 from ragen_turn.rollout import EnvSlot, Trajectory
 from ragen_turn.rollout.env_manager import EnvGroupManager, parse_split
@@ -132,20 +139,6 @@ def to_trajectory(batch: DataProto) -> Trajectory:
     return traj
 
 
-def kept_rows(group_ids: torch.Tensor, episode_rewards: torch.Tensor, ratio: float, kind: str) -> torch.Tensor:
-    """StarPO-S: rows of the top ``ratio`` env groups by reward std (or mean); same rule as the local engine."""
-    uniq = group_ids.unique()
-    if ratio >= 1.0:
-        return torch.arange(len(group_ids))
-    score = []
-    for g in uniq.tolist():
-        rew = episode_rewards[group_ids == g]
-        score.append(float(rew.std(unbiased=False)) if kind == "std" else float(rew.mean()))
-    k = max(1, int(round(len(uniq) * ratio)))
-    keep = uniq[torch.tensor(score).argsort(descending=True, stable=True)[:k]]
-    return torch.isin(group_ids, keep).nonzero().flatten()
-
-
 def turn_start_mask(turn_ids: torch.Tensor, turn_mask: torch.Tensor) -> torch.Tensor:
     """``[B, R]`` 1 at the first token of every turn (where verl's critic reads V(s_h))."""
     H = turn_mask.shape[1]
@@ -193,7 +186,8 @@ class _NoDataLoader:
 class StarPOTrainer(RayPPOTrainer):
     """RAGEN's StarPO loop on verl: grpo / token_ppo / bi_level_gae / s_ppo (token critic or none)."""
 
-    local_cls = local.StarPOTrainer
+    read_values = staticmethod(lambda traj, cfg: None)
+    advantage_fn = staticmethod(compute_starpo_advantages)
 
     def __init__(self, config: DictConfig, tokenizer, role_worker_mapping, resource_pool_manager,
                  ray_worker_group_cls, processor=None):
@@ -201,9 +195,6 @@ class StarPOTrainer(RayPPOTrainer):
         super().__init__(config=config, tokenizer=tokenizer, role_worker_mapping=role_worker_mapping,
                          resource_pool_manager=resource_pool_manager, ray_worker_group_cls=ray_worker_group_cls,
                          processor=processor)
-        # the local engine's advantage / reward-normalisation code, without its models
-        self.algo = self.local_cls.__new__(self.local_cls)
-        self.algo.cfg = self.rcfg
         self.train_plan = SeedPlan(self.rcfg.custom_envs, self.rcfg.es_manager.train, "train")
         self.val_plan = SeedPlan(self.rcfg.custom_envs, self.rcfg.es_manager.val, "val")
         self.out_dir = Path(self.rcfg.trainer.default_local_dir)
@@ -242,12 +233,12 @@ class StarPOTrainer(RayPPOTrainer):
 
     # ---------------------------------------------------------------------------------- one step
     def compute_advantages(self, batch: DataProto, traj: Trajectory) -> None:
-        self.algo.read_values(traj)
-        self.algo.compute_advantages(traj)
+        self.read_values(traj, self.rcfg)
+        self.advantage_fn(traj, self.rcfg)
         mask = batch.batch["response_mask"].float()
         batch.batch["advantages"] = traj.advantages.float() * mask
         batch.batch["returns"] = traj.returns.float() * mask
-        rewards = place_turn_rewards(self.algo.normalized_turn_rewards(traj), traj.turn_ids)
+        rewards = place_turn_rewards(normalized_turn_rewards(traj, self.rcfg), traj.turn_ids)
         batch.batch["token_level_scores"] = rewards
         batch.batch["token_level_rewards"] = rewards
 
@@ -400,7 +391,8 @@ class TurnPPOTrainer(StarPOTrainer):
     engine's ``TurnPPOTrainer``.
     """
 
-    local_cls = local.TurnPPOTrainer
+    read_values = staticmethod(read_turn_values)
+    advantage_fn = staticmethod(compute_turn_advantages)
 
 
 TRAINERS = {"starpo": StarPOTrainer, "turn": TurnPPOTrainer}
