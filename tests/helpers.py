@@ -11,8 +11,10 @@ MICRO_MODEL = ["model.hidden_size=32", "model.num_hidden_layers=1", "model.num_a
 
 
 def micro_config(overrides=(), run_dir=None):
-    """A config small enough for CPU tests: 2 groups x 2 rollouts, 2 turns, a 40k-parameter model."""
-    base = MICRO_MODEL + [
+    """A config small enough for CPU tests: 2 groups x 2 rollouts, 2 turns, a 40k-parameter model
+    (unless the overrides pick another ``model=``)."""
+    other_model = any(o.startswith("model=") for o in overrides)
+    base = ([] if other_model else MICRO_MODEL) + [
         "es_manager.train.env_groups=2", "es_manager.train.group_size=2", "es_manager.val.env_groups=2",
         "agent_proxy.max_turn=2", "actor_rollout_ref.rollout.response_length=8", "ppo_mini_batch_size=2",
         "micro_batch_size_per_gpu=2", "trainer.total_training_steps=2", "trainer.test_freq=0", "trainer.save_freq=0",

@@ -475,3 +475,21 @@ def test_gymnasium_wrapper_passes_check_env():
     short.step(1)
     _, _, term, trunc, _ = short.step("jump")
     assert trunc and not term
+
+
+def test_observation_formats_coord_and_grid_coord():
+    from ragen_turn.envs.sokoban import SokobanEnv, SokobanEnvConfig
+
+    grid = SokobanEnv(SokobanEnvConfig(search_depth=6))
+    coord = SokobanEnv(SokobanEnvConfig(search_depth=6, observation_format="coord"))
+    both = SokobanEnv(SokobanEnvConfig(search_depth=6, observation_format="grid_coord"))
+    g, c, gc = grid.reset(seed=3), coord.reset(seed=3), both.reset(seed=3)
+    rows = g.split("\n")
+    p = next((r, row.index(ch)) for r, row in enumerate(rows) for ch in "PS" if ch in row)
+    assert c.splitlines()[0] == f"Player: ({p[0]}, {p[1]})"
+    assert gc == c + "\nGrid:\n" + g
+    for env in (grid, coord, both):
+        env.step("Up")
+    assert both.render() == coord.render() + "\nGrid:\n" + grid.render()
+    with pytest.raises(ValueError, match="observation_format"):
+        SokobanEnvConfig(observation_format="pixels")

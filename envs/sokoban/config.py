@@ -50,6 +50,7 @@ class SokobanEnvConfig:
     dim_x: Optional[int] = None                 # RAGEN: dim_room = (dim_x, dim_y) when both are set
     dim_y: Optional[int] = None
     render_mode: str = "text"
+    observation_format: str = "grid"            # RAGEN's: grid | coord (entity coordinates) | grid_coord (both)
     format_penalty: float = -0.1                # reward of a malformed / unknown action
     action_sep: str = "||"                      # separator of several actions in one string
     max_actions_per_turn: int = 5               # at most this many actions of one string are run
@@ -111,6 +112,8 @@ class SokobanEnvConfig:
             self.grid_vocab = dict(self.grid_vocab)
         if not isinstance(self.action_sep, str):
             raise ValueError(f"action_sep must be a string, got {self.action_sep!r}")
+        if self.observation_format not in ("grid", "coord", "grid_coord"):
+            raise ValueError(f"observation_format must be grid, coord or grid_coord, got {self.observation_format!r}")
         if not isinstance(self.cell_sep, str) or "\n" in self.cell_sep:
             raise ValueError(f"cell_sep must be a string without newlines, got {self.cell_sep!r}")
         if self.render_mode not in ("text", "ansi", "grid"):

@@ -161,7 +161,7 @@ class SokobanEnv(BaseDiscreteActionEnv):
         if self.config.compute_optimal:
             sol = solve_flat(rows, cols, fixed, player, self._boxes)
             self._optimal = -1 if sol is None else len(sol)
-        self._obs = self._render()
+        self._obs = self._observe()
 
     # ------------------------------------------------------------------ stepping
     def parse_action(self, action: Any) -> int:
@@ -247,7 +247,7 @@ class SokobanEnv(BaseDiscreteActionEnv):
                     self._player = q
                     moved = True
             if moved:
-                self._obs = self._render()
+                self._obs = self._observe()
         done = self._success or self._steps >= self.max_steps
         self._done = done
         self.reward_last = reward
@@ -264,6 +264,20 @@ class SokobanEnv(BaseDiscreteActionEnv):
         p = self._player
         pieces[p] = cs[p][PLAYER_ON_TARGET if fixed[p] == TARGET else PLAYER]
         return "".join(pieces)
+
+    def _observe(self) -> str:
+        """The observation in ``config.observation_format`` (RAGEN's grid / coord / grid_coord)."""
+        fmt = self.config.observation_format
+        if fmt == "grid":
+            return self._render()
+        cols = self._cols
+
+        def at(ps):
+            return ", ".join(f"({p // cols}, {p % cols})" for p in sorted(ps))
+
+        targets = [i for i, v in enumerate(self._fixed) if v == TARGET]
+        coords = f"Player: {at([self._player])}\nBoxes: {at(self._boxes)}\nTargets: {at(targets)}"
+        return coords if fmt == "coord" else coords + "\nGrid:\n" + self._render()
 
     def render(self, mode: str | None = "text") -> str:
         """``text`` / ``ansi`` / ``grid``: the observation; ``spaced``: cells separated by spaces."""

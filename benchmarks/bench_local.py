@@ -1,0 +1,105 @@
+"""Local engine speed: batched vs one-at-a-time sampling, update throughput, turn vs token step time.
+
+    python benchmarks/bench_local.py [--model tiny|smollm2-135m] [--batch 64] [--new-tokens 32]
+
+- sampling: ``--batch`` real Sokoban first prompts, ``--new-tokens`` sampled tokens each (stop
+  strings off so every row samples the same count), as one left-padded KV-cache batch and one
+  prompt at a time; sampled tokens per second and the ratio (target >= 8x at batch 64).
+- update: one rollout batch of the default Sokoban setting, then the full PPO update (critic +
+  actor) with ``turn_ppo`` and with ``token_ppo`` on the same tokens; tokens per second and the
+  ratio of the two step times (target turn / token <= 1.10).
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from ragen_turn.engines.local.sampler import LocalSampler
+from ragen_turn.engines.local.trainer import build_trainer
+from ragen_turn.train import compose_config, quiet_transformers
+
+
+def prompts_for(trainer, n: int):
+    from ragen_turn.rollout import system_prompt, user_message
+
+    out = []
+    slots = trainer.train_envs.assign_seeds(0, 0)
+    for i in range(n):
+        slot = slots[i % len(slots)]
+        obs = slot.env.reset(seed=slot.seed + i)
+        out.append(trainer.formatter.first_prompt(system_prompt(slot.instruction, trainer.ctx),
+                                                  user_message(str(obs), 0, trainer.ctx)))
+    return out
+
+
+def bench_sampling(trainer, batch: int, new_tokens: int) -> None:
+    prompts = prompts_for(trainer, batch)
+    sampler = LocalSampler(trainer.actor, trainer.tokenizer, temperature=1.0, stop_strings=(), device=trainer.device,
+                           generator=torch.Generator().manual_seed(0))
+    sampler.stop_ids = set()
+    sampler._stop_ids_t = torch.tensor([], dtype=torch.long)
+    t = time.perf_counter()
+    outs = sampler.generate(prompts, new_tokens)
+    t_batch = time.perf_counter() - t
+    n_batch = sum(len(o) for o in outs)
+    k = min(8, batch)  # one at a time on a subset, scaled
+    t = time.perf_counter()
+    n_single = 0
+    for p in prompts[:k]:
+        n_single += len(sampler.generate([p], new_tokens)[0])
+    t_single = time.perf_counter() - t
+    tps_batch, tps_single = n_batch / t_batch, n_single / t_single
+    print(f"sampling  batch {batch}: {tps_batch:8.0f} tok/s ({t_batch:.2f} s)   one at a time: {tps_single:8.0f} tok/s"
+          f"   ratio {tps_batch / tps_single:.1f}x (target >= 8x)")
+
+
+def bench_update(model: str, repeats: int) -> None:
+    times = {}
+    tokens = 0
+    batch = None
+    for algo in ("turn_ppo", "token_ppo"):
+        overrides = [f"algo={algo}", "model.warmstart.enable=false", "device=cpu",
+                     "trainer.default_local_dir=/tmp/ragen_turn_bench_local"]
+        if model != "tiny":
+            overrides += [f"model={model}"]
+        tr = build_trainer(compose_config(overrides), log=lambda *a: None)
+        if batch is None:
+            batch = tr.rollout(0)
+            tokens = int(batch.attention_mask.sum())
+        ts = []
+        for _ in range(repeats):
+            b = batch.select(torch.arange(batch.batch_size))
+            t = time.perf_counter()
+            tr.score(b)
+            tr.compute_advantages(b)
+            tr.update(b)
+            ts.append(time.perf_counter() - t)
+        times[algo] = statistics.median(ts)
+        print(f"update    {algo:9s}: {times[algo]:.2f} s per step (score + advantages + critic + actor), "
+              f"{tokens / times[algo]:.0f} tok/s over {batch.batch_size} episodes, {tokens} tokens")
+    print(f"step time turn_ppo / token_ppo: {times['turn_ppo'] / times['token_ppo']:.3f} (target <= 1.10)")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", default="tiny")
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--new-tokens", type=int, default=32)
+    p.add_argument("--repeats", type=int, default=3)
+    a = p.parse_args()
+    quiet_transformers()
+    overrides = ["model.warmstart.enable=false", "device=cpu", "trainer.default_local_dir=/tmp/ragen_turn_bench_local"]
+    if a.model != "tiny":
+        overrides.append(f"model={a.model}")
+    tr = build_trainer(compose_config(overrides), log=lambda *a: None)
+    print(f"model {a.model}: {sum(p.numel() for p in tr.actor.parameters()) / 1e6:.1f}M parameters, "
+          f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    bench_sampling(tr, a.batch, a.new_tokens)
+    bench_update(a.model, a.repeats)
+
+
+if __name__ == "__main__":
+    main()
