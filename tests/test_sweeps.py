@@ -145,8 +145,10 @@ def test_multirun_launches_each_job_in_its_own_run_dir(tmp_path):
     jobs = [ln.split() for ln in out.stdout.splitlines() if ln.startswith("JOB")]
     assert len(jobs) == 4
     assert len({j[1] for j in jobs}) == 4
+    from ragen_turn.train import compose_config
+    actor_lr = compose_config(["env=sokoban", "algo=turn_ppo"]).actor_rollout_ref.actor.optim.lr
     for _, run_dir, _, hydra_dir in jobs:
-        assert run_dir.startswith("runs/sweep_critic_lr/sokoban_turn_ppo_tiny_alr0.0005_clr")
+        assert run_dir.startswith(f"runs/sweep_critic_lr/sokoban_turn_ppo_tiny_alr{actor_lr}_clr")
         assert Path(hydra_dir) == tmp_path / run_dir / "hydra"  # Hydra's job files sit inside the run dir
     assert (tmp_path / "runs" / "sweep_critic_lr" / "multirun.yaml").is_file()
 

@@ -7,11 +7,10 @@ tokens. Shapes: ``B`` rows, ``T`` tokens, ``H`` turns.
 """
 from __future__ import annotations
 
-from typing import Callable, Dict
-
 import torch
 
 from .checks import check_finite, check_mask, check_ndim, check_same_shape, check_unit_interval
+from .registry import Registry
 from .turns import (
     compact_rows,
     place_turn_rewards,
@@ -21,25 +20,9 @@ from .turns import (
     uncompact_rows,
 )
 
-ADV_ESTIMATOR_REGISTRY: Dict[str, Callable] = {}
-
-
-def register_adv_est(name: str) -> Callable[[Callable], Callable]:
-    """Decorator: register an advantage estimator under ``name``."""
-
-    def wrap(fn: Callable) -> Callable:
-        if name in ADV_ESTIMATOR_REGISTRY and ADV_ESTIMATOR_REGISTRY[name] is not fn:
-            raise ValueError(f"advantage estimator {name!r} is already registered")
-        ADV_ESTIMATOR_REGISTRY[name] = fn
-        return fn
-
-    return wrap
-
-
-def get_adv_estimator_fn(name: str) -> Callable:
-    if name not in ADV_ESTIMATOR_REGISTRY:
-        raise ValueError(f"unknown advantage estimator {name!r}; known: {sorted(ADV_ESTIMATOR_REGISTRY)}")
-    return ADV_ESTIMATOR_REGISTRY[name]
+ADV_ESTIMATOR_REGISTRY = Registry("advantage estimator")
+register_adv_est = ADV_ESTIMATOR_REGISTRY.register  # decorator: register an estimator under a name
+get_adv_estimator_fn = ADV_ESTIMATOR_REGISTRY.lookup
 
 
 # --------------------------------------------------------------------------------------------

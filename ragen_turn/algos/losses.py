@@ -27,9 +27,12 @@ from typing import Any, Callable, Dict, Optional
 import torch
 
 from .checks import check_finite, check_mask, check_ndim, check_same_shape
+from .registry import Registry
 from .turns import check_turn_ids, scatter_turns, turn_sums, turn_token_counts, turn_ids_from_mask
 
-POLICY_LOSS_REGISTRY: Dict[str, Callable] = {}
+POLICY_LOSS_REGISTRY = Registry("policy loss")
+register_policy_loss = POLICY_LOSS_REGISTRY.register  # decorator (verl's register_policy_loss)
+get_policy_loss_fn = POLICY_LOSS_REGISTRY.lookup
 
 _DEFAULTS = {
     "clip_ratio_low": 0.2,
@@ -40,24 +43,6 @@ _DEFAULTS = {
     "clip_bias_level": "sample",
     "log_ratio_clamp": 20.0,
 }
-
-
-def register_policy_loss(name: str) -> Callable[[Callable], Callable]:
-    """Decorator: register a policy loss under ``name`` (verl's ``register_policy_loss``)."""
-
-    def wrap(fn: Callable) -> Callable:
-        if name in POLICY_LOSS_REGISTRY and POLICY_LOSS_REGISTRY[name] is not fn:
-            raise ValueError(f"policy loss {name!r} is already registered")
-        POLICY_LOSS_REGISTRY[name] = fn
-        return fn
-
-    return wrap
-
-
-def get_policy_loss_fn(name: str) -> Callable:
-    if name not in POLICY_LOSS_REGISTRY:
-        raise ValueError(f"unknown policy loss {name!r}; known: {sorted(POLICY_LOSS_REGISTRY)}")
-    return POLICY_LOSS_REGISTRY[name]
 
 
 def cfg_get(config: Any, key: str, default: Any = None) -> Any:

@@ -76,7 +76,9 @@ def parse_split(custom_envs: Mapping[str, Any], split_cfg: Mapping[str, Any], sp
 class EnvGroupManager:
     """Builds the env slots of one split (``train`` or ``val``) once and re-seeds them each step."""
 
-    def __init__(self, custom_envs: Mapping[str, Any], split_cfg: Mapping[str, Any], split: str = "train"):
+    def __init__(self, custom_envs: Mapping[str, Any], split_cfg: Mapping[str, Any], split: str = "train",
+                 build_envs: bool = True):
+        """``build_envs=False`` plans slots and seeds only (engines whose envs live in remote workers)."""
         self.split = split
         groups, self.env_groups, self.group_size = parse_split(custom_envs, split_cfg, split)
         self.slots: List[EnvSlot] = []
@@ -84,7 +86,7 @@ class EnvGroupManager:
         for tag, n, spec in groups:
             for _ in range(n):
                 for _ in range(self.group_size):
-                    env = make_env(spec["env_type"], dict(spec.get("env_config") or {}))
+                    env = make_env(spec["env_type"], dict(spec.get("env_config") or {})) if build_envs else None
                     instruction = spec.get("env_instruction") or getattr(env, "instruction", "")
                     self.slots.append(EnvSlot(env=env, tag=tag, group_id=gid, instruction=str(instruction),
                                               max_actions=int(spec.get("max_actions_per_traj") or 10**9)))
@@ -105,7 +107,8 @@ class EnvGroupManager:
 
     def close(self) -> None:
         for s in self.slots:
-            s.env.close()
+            if s.env is not None:
+                s.env.close()
 
 
 def env_tags_summary(custom_envs: Mapping[str, Any]) -> Dict[str, str]:

@@ -53,7 +53,7 @@ from ragen_turn.engines.common import (
 )
 from ragen_turn.engines.local import trainer as local
 from ragen_turn.rollout import EnvSlot, Trajectory
-from ragen_turn.rollout.env_manager import EnvGroupManager, parse_split
+from ragen_turn.rollout.env_manager import EnvGroupManager
 
 from . import register  # noqa: F401  (our losses / estimators in the driver's registries too)
 from .agent_loop import episode_from_summary
@@ -66,25 +66,9 @@ TRAIN_KEYS = ("input_ids", "attention_mask", "position_ids", "prompts", "respons
 # ------------------------------------------------------------------------------------------------
 # pure helpers (CPU-testable): env plan, rollout batch <-> our tensors, filtering, critic batch
 # ------------------------------------------------------------------------------------------------
-class SeedPlan(EnvGroupManager):
-    """``EnvGroupManager``'s slots and seeds without building envs (those live in the agent-loop workers).
-
-    Same groups, order and seeds as the local engine (``assign_seeds`` is inherited).
-    """
-
-    def __init__(self, custom_envs, split_cfg, split: str = "train"):
-        self.split = split
-        groups, self.env_groups, self.group_size = parse_split(custom_envs, split_cfg, split)
-        self.slots: List[EnvSlot] = []
-        gid = 0
-        for tag, n, _spec in groups:
-            for _ in range(n):
-                self.slots.extend(EnvSlot(env=None, tag=tag, group_id=gid, instruction="", max_actions=0)
-                                  for _ in range(self.group_size))
-                gid += 1
-
-    def close(self) -> None:
-        return None
+def SeedPlan(custom_envs, split_cfg, split: str = "train") -> EnvGroupManager:
+    """The local engine's env groups and seeds without building envs (those live in the agent-loop workers)."""
+    return EnvGroupManager(custom_envs, split_cfg, split, build_envs=False)
 
 
 def gen_batch(slots: Sequence[EnvSlot], split: str, step: int) -> DataProto:
