@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import functools
-import os
 
 from ragen_turn.train import compose_config
 

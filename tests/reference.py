@@ -15,7 +15,7 @@ def random_batch(seed: int, B: int = 5, max_turns: int = 4, max_len: int = 6, pa
     rng = random.Random(seed)
     rows = []
     for _ in range(B):
-        pos, row, turns = 0, [], []
+        row, turns = [], []
         prompt = rng.randint(1, 4)
         row += [0] * prompt
         n_turns = rng.randint(1, max_turns)

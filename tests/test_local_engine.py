@@ -190,3 +190,17 @@ def test_starpo_s_group_filter_keeps_top_groups_by_std_or_mean():
     assert kept_rows(gids, rewards, 0.5, "std").tolist() == [0, 1, 6, 7]
     assert kept_rows(gids, rewards, 0.25, "mean").tolist() == [6, 7]
     assert kept_rows(gids, rewards, 1.0, "std").tolist() == list(range(8))
+
+
+def test_kl_to_reference_and_entropy_bonus(tmp_path):
+    cfg = micro_config(["algo=turn_ppo", "actor_rollout_ref.actor.use_kl_loss=true",
+                        "actor_rollout_ref.actor.kl_loss_coef=0.1", "actor_rollout_ref.actor.entropy_coeff=0.01",
+                        "trainer.total_training_steps=2"], run_dir=tmp_path)
+    tr = build_trainer(cfg, log=_quiet)
+    tr.sampler = mixed_policy(tr.tokenizer)
+    assert tr.ref is not None and all(not p.requires_grad for p in tr.ref.parameters())
+    ref_before = [p.detach().clone() for p in tr.ref.parameters()]
+    last = tr.fit()
+    # the first update starts at the reference (KL 0); after one step the policy has moved away from it
+    assert last["actor/kl_loss"] > 0 and math.isfinite(last["actor/entropy"]) and last["actor/entropy"] > 0
+    assert all(torch.equal(a, b) for a, b in zip(ref_before, tr.ref.parameters()))  # the reference stays frozen

@@ -21,7 +21,6 @@ import math
 import os
 import random
 import shutil
-import sys
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -334,16 +333,14 @@ class StarPOTrainer:
         a = self.cfg.actor_rollout_ref.actor
         dev = self.device
         ids, am, pos = mb.input_ids.to(dev), mb.attention_mask.to(dev), mb.position_ids.to(dev)
-        need_ent = a.entropy_coeff != 0
-        out = sequence_logprobs(self.actor, ids, am, pos, return_entropy=True,
-                                temperature=self.cfg.actor_rollout_ref.rollout.temperature or 1.0)
-        logp, ent = out
+        logp, ent = sequence_logprobs(self.actor, ids, am, pos, return_entropy=True,
+                                      temperature=self.cfg.actor_rollout_ref.rollout.temperature or 1.0)
         mask = mb.response_mask.to(dev)
         loss, metrics = self.loss_fn(mb.old_logp.to(dev), logp, mb.advantages.to(dev), mask, None, self.loss_cfg, None,
                                      mb.turn_ids.to(dev))
-        entropy = masked_mean(ent.detach() if not need_ent else ent, mask)
+        entropy = masked_mean(ent, mask)
         metrics["actor/entropy"] = float(entropy.detach())
-        if need_ent:
+        if a.entropy_coeff:
             loss = loss - a.entropy_coeff * entropy
         if self.ref is not None:
             kl = masked_mean(kl_penalty(logp, mb.ref_logp.to(dev), a.kl_loss_type), mask)
