@@ -22,7 +22,7 @@ from typing import Any, Dict, List
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from ragen_turn.models import sequence_logprobs
+from ragen_turn.models import default_cache_root, sequence_logprobs
 from ragen_turn.rollout import ChatFormatter, EnvGroupManager, EnvSlot, TextPolicy, Trajectory, run_episodes
 
 WARMSTART_VERSION = 1
@@ -125,8 +125,7 @@ def sft(model: torch.nn.Module, demos: Trajectory, cfg: DictConfig, device: torc
 
 
 def cache_dir(cfg: DictConfig, tokenizer: Any) -> Path:
-    root = cfg.model.get("cache_dir") or os.environ.get("RAGEN_TURN_CACHE_DIR") or "~/.cache/ragen_turn/models"
-    return Path(str(root)).expanduser() / "warmstart" / warmstart_key(cfg, tokenizer)
+    return default_cache_root(cfg.model) / "warmstart" / warmstart_key(cfg, tokenizer)
 
 
 def warmstart(model: torch.nn.Module, tokenizer: Any, cfg: DictConfig, log=print) -> torch.nn.Module:

@@ -253,8 +253,10 @@ class StarPOTrainer:
             outs.append(fn(ids, am, batch.position_ids[idx].to(self.device)).float().cpu())
         return torch.cat(outs, dim=0)
 
-    def logprobs(self, model, ids, am, pos):
-        return sequence_logprobs(model, ids, am, pos, temperature=self.cfg.actor_rollout_ref.rollout.temperature or 1.0)
+    def logprobs(self, model, ids, am, pos, **kw):
+        """Log-probs of the tokens at the sampling temperature (so ratios compare like with like)."""
+        return sequence_logprobs(model, ids, am, pos, temperature=self.cfg.actor_rollout_ref.rollout.temperature or 1.0,
+                                 **kw)
 
     def critic_values(self, ids, am, pos) -> torch.Tensor:
         """Critic values in the engines' shared layout: ``[:, t]`` = V(state just before token t)."""
@@ -333,8 +335,7 @@ class StarPOTrainer:
         a = self.cfg.actor_rollout_ref.actor
         dev = self.device
         ids, am, pos = mb.input_ids.to(dev), mb.attention_mask.to(dev), mb.position_ids.to(dev)
-        logp, ent = sequence_logprobs(self.actor, ids, am, pos, return_entropy=True,
-                                      temperature=self.cfg.actor_rollout_ref.rollout.temperature or 1.0)
+        logp, ent = self.logprobs(self.actor, ids, am, pos, return_entropy=True)
         mask = mb.response_mask.to(dev)
         loss, metrics = self.loss_fn(mb.old_logp.to(dev), logp, mb.advantages.to(dev), mask, None, self.loss_cfg, None,
                                      mb.turn_ids.to(dev))
