@@ -59,7 +59,7 @@ def evaluate_checkpoint(cfg: DictConfig) -> dict:
     torch.manual_seed(cfg.seed)
     envs = EnvGroupManager(cfg.custom_envs, cfg.es_manager.val, "val")
     t0 = time.time()
-    m = evaluate_policy(model, tok, cfg, envs, device, "val")
+    m = evaluate_policy(model, tok, cfg, envs, device, "val", log=lambda line: print(line, flush=True))
     m["episodes"] = len(envs)
     m["seconds"] = time.time() - t0
     m["checkpoint"] = str(ckpt)

@@ -88,10 +88,25 @@ def test_malformed_responses_are_penalised_not_crashes():
     envs = EnvGroupManager(cfg.custom_envs, {"env_groups": 1, "group_size": 1,
                                              "env_configs": {"tags": ["SimpleSokoban"], "n_groups": [1]}}, "train")
     policy = TextPolicy(tok, lambda slot: next(junk))
-    (ep,) = run_episodes(envs.assign_seeds(0, 0), policy, ChatFormatter(tok), context_config(cfg))
+    lines = []
+    (ep,) = run_episodes(envs.assign_seeds(0, 0), policy, ChatFormatter(tok), context_config(cfg), log=lines.append)
+    assert [line.split(":")[0] for line in lines] == ["[rollout] turn 1/3", "[rollout] turn 2/3", "[rollout] turn 3/3"]
+    assert all("1/1 episodes active" in line for line in lines)
     assert ep.num_turns == 3 and ep.format_errors == 2
     assert ep.num_actions == 2 and ep.num_valid_actions == 1
     assert ep.turn_rewards[0] == pytest.approx(-0.1)
+
+
+def test_throttled_log_drops_lines_within_the_interval(monkeypatch):
+    from ragen_turn.rollout import runner
+
+    clock = iter([0.0, 5.0, 12.0, 13.0, 30.0])
+    monkeypatch.setattr(runner.time, "time", lambda: next(clock))
+    lines = []
+    emit = runner.throttled(lines.append, 10.0)  # reads the clock once (t=0)
+    for name in ["a", "b", "c", "d"]:  # at t=5 (dropped), 12 (kept), 13 (dropped), 30 (kept)
+        emit(name)
+    assert lines == ["b", "d"]
 
 
 def test_context_limit_truncates_episode():

@@ -7,7 +7,8 @@ sampling is batched across the whole env batch.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, List, Protocol, Sequence
+import time
+from typing import Any, Callable, List, Optional, Protocol, Sequence
 
 from .context import ChatFormatter, ContextConfig, parse_response, system_prompt, user_message
 from .env_manager import EnvSlot
@@ -35,9 +36,26 @@ class _Live:
         self.ep.turn_ids.extend([turn if turn is not None else -1] * len(ids))
 
 
+def throttled(log: Callable[[str], None], seconds: float) -> Callable[[str], None]:
+    """``log`` that drops lines coming less than ``seconds`` after the last one it printed."""
+    last = [time.time()]
+
+    def emit(line: str) -> None:
+        now = time.time()
+        if now - last[0] >= seconds:
+            last[0] = now
+            log(line)
+
+    return emit
+
+
 def run_episodes(slots: Sequence[EnvSlot], policy: Policy, formatter: ChatFormatter,
-                 cfg: ContextConfig) -> List[Episode]:
-    """Play one episode in every slot (already seeded) and return them in slot order."""
+                 cfg: ContextConfig, log: Optional[Callable[[str], None]] = None) -> List[Episode]:
+    """Play one episode in every slot (already seeded) and return them in slot order.
+
+    ``log``, if given, gets one progress line per turn (active episodes, elapsed seconds).
+    """
+    t0 = time.time()
     live: List[_Live] = []
     for slot in slots:
         obs = slot.env.reset(seed=slot.seed)
@@ -52,6 +70,9 @@ def run_episodes(slots: Sequence[EnvSlot], policy: Policy, formatter: ChatFormat
         active = [s for s in live if not s.done]
         if not active:
             break
+        if log is not None:
+            log(f"[rollout] turn {turn + 1}/{cfg.max_turn}: {len(active)}/{len(live)} episodes active, "
+                f"{time.time() - t0:.0f}s")
         if hasattr(policy, "observe"):  # scripted policies read the env state of each prompt
             policy.observe([s.slot for s in active])
         responses = policy.generate([s.ep.token_ids for s in active], cfg.response_length)

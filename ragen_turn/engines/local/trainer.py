@@ -44,7 +44,7 @@ from ragen_turn.engines.common import (
     read_turn_values,
 )
 from ragen_turn.models import CriticModel, load_model_and_tokenizer, sequence_logprobs
-from ragen_turn.rollout import ChatFormatter, ContextConfig, EnvGroupManager, Trajectory, run_episodes
+from ragen_turn.rollout import ChatFormatter, ContextConfig, EnvGroupManager, Trajectory, run_episodes, throttled
 
 from .sampler import LocalSampler
 
@@ -155,14 +155,17 @@ def episode_metrics(batch: Trajectory, prefix: str = "env") -> Dict[str, float]:
 
 
 @torch.no_grad()
-def evaluate_policy(model, tokenizer, cfg: DictConfig, envs: EnvGroupManager, device, prefix: str = "val") -> Dict[str, float]:
-    """Play every env of ``envs`` (held-out seeds for ``val``) once at ``rollout.val_temperature``."""
+def evaluate_policy(model, tokenizer, cfg: DictConfig, envs: EnvGroupManager, device, prefix: str = "val",
+                    log=None) -> Dict[str, float]:
+    """Play every env of ``envs`` (held-out seeds for ``val``) once at ``rollout.val_temperature``.
+
+    ``log`` (optional) gets one progress line per turn."""
     model.eval()
     r = cfg.actor_rollout_ref.rollout
     sampler = LocalSampler(model, tokenizer, temperature=r.val_temperature, top_p=1.0 if r.val_temperature else r.top_p,
                            device=device, generator=torch.Generator().manual_seed(int(cfg.seed)),
                            micro_batch_size=r.micro_batch_size)
-    episodes = run_episodes(envs.assign_seeds(cfg.seed, 0), sampler, ChatFormatter(tokenizer), context_config(cfg))
+    episodes = run_episodes(envs.assign_seeds(cfg.seed, 0), sampler, ChatFormatter(tokenizer), context_config(cfg), log=log)
     return episode_metrics(Trajectory.from_episodes(episodes, tokenizer.pad_token_id), prefix)
 
 
@@ -408,7 +411,8 @@ class StarPOTrainer:
         return metrics
 
     def evaluate(self, envs: Optional[EnvGroupManager] = None, prefix: str = "val") -> Dict[str, float]:
-        return evaluate_policy(self.actor, self.tokenizer, self.cfg, envs or self.val_envs, self.device, prefix)
+        return evaluate_policy(self.actor, self.tokenizer, self.cfg, envs or self.val_envs, self.device, prefix,
+                               log=throttled(self.log, 20.0))
 
     def fit(self) -> Dict[str, float]:
         cfg = self.cfg.trainer
