@@ -204,3 +204,49 @@ def test_kl_to_reference_and_entropy_bonus(tmp_path):
     # the first update starts at the reference (KL 0); after one step the policy has moved away from it
     assert last["actor/kl_loss"] > 0 and math.isfinite(last["actor/entropy"]) and last["actor/entropy"] > 0
     assert all(torch.equal(a, b) for a, b in zip(ref_before, tr.ref.parameters()))  # the reference stays frozen
+
+
+def test_logprobs_and_hidden_match_the_separate_forwards():
+    from ragen_turn.models import logprobs_and_hidden, sequence_logprobs
+    from ragen_turn.models.value_head import _base_model
+
+    tr = build_trainer(micro_config(["algo=turn_ppo", "critic.shared_backbone=true"]), log=_quiet)
+    batch = tr.rollout(0)
+    ids, am, pos = batch.input_ids, batch.attention_mask, batch.position_ids
+    with torch.no_grad():
+        logp, ent, hidden = logprobs_and_hidden(tr.actor, ids, am, pos)
+        ref_logp, ref_ent = sequence_logprobs(tr.actor, ids, am, pos, return_entropy=True)
+        base = _base_model(tr.actor)(input_ids=ids, attention_mask=am, position_ids=pos).last_hidden_state
+        values = tr.critic(ids, am, pos)
+    assert torch.allclose(logp, ref_logp, atol=1e-6) and torch.allclose(ent, ref_ent, atol=1e-6)
+    assert torch.allclose(hidden, base, atol=1e-6)  # the last hidden state is taken after the final norm
+    assert torch.allclose(tr.critic.values_from_hidden(hidden), values, atol=1e-6)
+
+
+def test_shared_backbone_critic_trains_with_the_actor_and_resumes(tmp_path):
+    common = ["algo=turn_ppo", "critic.shared_backbone=true", "critic.optim.lr=1e-2", "trainer.save_freq=1"]
+    tr = build_trainer(micro_config(common + ["trainer.total_training_steps=1"], run_dir=tmp_path), log=_quiet)
+    # no second backbone: the critic's backbone parameters are the actor's own tensors
+    actor_ids = {id(p) for p in tr.actor.parameters()}
+    critic_backbone = [p for n, p in tr.critic.named_parameters() if not n.startswith("value_head")]
+    assert critic_backbone and all(id(p) in actor_ids for p in critic_backbone)
+    assert tr.critic_optim is None
+    actor0 = [p.detach().clone() for p in tr.actor.parameters()]
+    head0 = tr.critic.value_head.weight.detach().clone()
+    tr.fit()
+    row = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
+    assert row["step"] == 1 and math.isfinite(row["critic/value_loss"]) and math.isfinite(row["actor/pg_loss"])
+    assert not torch.equal(tr.critic.value_head.weight, head0)  # the joint loss reached the head
+    assert any(not torch.equal(p, q) for p, q in zip(tr.actor.parameters(), actor0))
+    ckpt = tmp_path / "checkpoints" / (tmp_path / "checkpoints" / "latest").read_text().strip()
+    assert (ckpt / "critic" / "value_head.safetensors").is_file()
+    assert not (ckpt / "critic" / "model.safetensors").exists()  # the backbone is saved once, as the actor
+    resumed = build_trainer(micro_config(common + ["trainer.resume=true"], run_dir=tmp_path), log=_quiet)
+    assert resumed.step == 1
+    assert torch.equal(resumed.critic.value_head.weight, tr.critic.value_head.weight)
+
+
+def test_shared_backbone_needs_equal_epochs():
+    cfg = micro_config(["algo=turn_ppo", "critic.shared_backbone=true", "critic.ppo_epochs=2"])
+    with pytest.raises(ValueError, match=r"critic\.ppo_epochs"):
+        validate_config(cfg)

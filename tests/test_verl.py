@@ -366,6 +366,8 @@ def test_config_mapping_errors_name_the_key(model_dir):
         verl_cfg(model_dir, "trainer.n_gpus_per_node=4")  # 4 episodes, mini-batch 2 on 4 GPUs
     with pytest.raises(ValueError, match="rollout_name"):
         verl_cfg(model_dir, "engine.verl.rollout_name=hf")
+    with pytest.raises(ValueError, match="shared_backbone"):
+        verl_cfg(model_dir, "algo=turn_ppo", "critic.shared_backbone=true")
 
 
 @needs_verl

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .smollm2 import INSTALL_HINT as SMOLLM2_INSTALL_HINT, ModelNotAvailableError
-from .value_head import CriticModel, positions_from_mask, sequence_logprobs
+from .value_head import CriticModel, logprobs_and_hidden, positions_from_mask, sequence_logprobs
 
 KNOWN_MODELS = ("tiny", "hf", "smollm2-135m")
 MARKER_FILE = "ragen_turn_model.json"
@@ -40,7 +40,7 @@ MARKER_FILE = "ragen_turn_model.json"
 __all__ = [
     "KNOWN_MODELS", "CriticModel", "ModelNotAvailableError", "SMOLLM2_INSTALL_HINT", "default_cache_root",
     "export_model", "load_hf", "load_model_and_tokenizer", "positions_from_mask", "resolve_model_path",
-    "sequence_logprobs",
+    "sequence_logprobs", "logprobs_and_hidden",
 ]
 
 

@@ -74,28 +74,47 @@ class CriticModel(torch.nn.Module):
         out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                             use_cache=False)
         hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]     # [B,T,H]
+        return self.values_from_hidden(hidden)
+
+    def values_from_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden[B,T,H] (the backbone's last hidden state) -> values[B,T] float32."""
         w, b = self.value_head.weight, self.value_head.bias
-        return F.linear(hidden.float(), w.float(), b.float()).squeeze(-1)                  # [B,T]
+        return F.linear(hidden.float(), w.float(), b.float()).squeeze(-1)
+
+    @classmethod
+    def on_shared_backbone(cls, causal_lm: torch.nn.Module, init_std: float = 0.0) -> "CriticModel":
+        """A value head on the actor's own backbone (no copy: the parameters are the actor's)."""
+        critic = cls(causal_lm, init_std=init_std)
+        critic.value_head.to(next(causal_lm.parameters()).device)
+        return critic
+
+    def save_value_head(self, save_dir: str | Path) -> None:
+        """Only the head (value_head.safetensors): for a critic on a shared backbone saved with its actor."""
+        from safetensors.torch import save_file
+
+        save_dir = Path(save_dir)
+        save_dir.mkdir(parents=True, exist_ok=True)
+        head = {k: v.detach().float().cpu().contiguous() for k, v in self.value_head.state_dict().items()}
+        save_file(head, str(save_dir / VALUE_HEAD_FILE))
+
+    def load_value_head(self, load_dir: str | Path) -> None:
+        from safetensors.torch import load_file
+
+        self.value_head.load_state_dict(load_file(str(Path(load_dir) / VALUE_HEAD_FILE)))
 
     def gradient_checkpointing_enable(self, **kwargs: Any) -> None:
         self.backbone.gradient_checkpointing_enable(**kwargs)
 
     def save_pretrained(self, save_dir: str | Path) -> None:
         """Backbone via its `save_pretrained` (config.json + model.safetensors), head as value_head.safetensors."""
-        from safetensors.torch import save_file
-
-        save_dir = Path(save_dir)
-        save_dir.mkdir(parents=True, exist_ok=True)
         self.backbone.save_pretrained(save_dir)
-        head = {k: v.detach().float().cpu().contiguous() for k, v in self.value_head.state_dict().items()}
-        save_file(head, str(save_dir / VALUE_HEAD_FILE))
-        (save_dir / CRITIC_CONFIG_FILE).write_text(json.dumps(
+        self.save_value_head(save_dir)
+        (Path(save_dir) / CRITIC_CONFIG_FILE).write_text(json.dumps(
             {"hidden_size": self.value_head.in_features, "init_std": self.init_std}, indent=2) + "\n")
 
     @classmethod
     def from_pretrained(cls, load_dir: str | Path, dtype: Any = None, device: Any = "cpu") -> "CriticModel":
         """Inverse of `save_pretrained`; `dtype` is the backbone's (the head stays float32)."""
-        from safetensors.torch import load_file
         from transformers import AutoModel
 
         load_dir = Path(load_dir)
@@ -107,7 +126,7 @@ class CriticModel(torch.nn.Module):
         meta = json.loads((load_dir / CRITIC_CONFIG_FILE).read_text()) if (load_dir / CRITIC_CONFIG_FILE).is_file() \
             else {}
         critic = cls(backbone, init_std=meta.get("init_std", 0.0))
-        critic.value_head.load_state_dict(load_file(str(load_dir / VALUE_HEAD_FILE)))
+        critic.load_value_head(load_dir)
         return critic.to(device)
 
 
@@ -138,6 +157,24 @@ def sequence_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention
         position_ids = positions_from_mask(attention_mask)
     logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                    use_cache=False).logits                                                  # [B, T, V]
+    return logprobs_from_logits(logits, input_ids, attention_mask, temperature, return_entropy, chunk_tokens)
+
+
+def logprobs_and_hidden(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                        position_ids: torch.Tensor | None = None, temperature: float = 1.0, chunk_tokens: int = 4096):
+    """One forward of the causal LM: `(logp[B,T], entropy[B,T], hidden[B,T,H])` (as `sequence_logprobs` with
+    `return_entropy`, plus the backbone's last hidden state, after its final norm, for a value head on it)."""
+    if position_ids is None:
+        position_ids = positions_from_mask(attention_mask)
+    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False,
+                output_hidden_states=True)
+    logp, ent = logprobs_from_logits(out.logits, input_ids, attention_mask, temperature, True, chunk_tokens)
+    return logp, ent, out.hidden_states[-1]
+
+
+def logprobs_from_logits(logits: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                         temperature: float = 1.0, return_entropy: bool = False, chunk_tokens: int = 4096):
+    """The reduction of `sequence_logprobs` on given logits[B,T,V]; same outputs and alignment."""
     B, T, V = logits.shape
     targets = input_ids[:, 1:]                                                              # [B, T-1]
     step = max(1, chunk_tokens // max(B, 1))

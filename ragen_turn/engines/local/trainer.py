@@ -43,7 +43,7 @@ from ragen_turn.engines.common import (
     kept_rows,
     read_turn_values,
 )
-from ragen_turn.models import CriticModel, load_model_and_tokenizer, sequence_logprobs
+from ragen_turn.models import CriticModel, load_model_and_tokenizer, logprobs_and_hidden, sequence_logprobs
 from ragen_turn.rollout import ChatFormatter, ContextConfig, EnvGroupManager, Trajectory, run_episodes, throttled
 
 from .sampler import LocalSampler
@@ -71,6 +71,11 @@ def validate_config(cfg: DictConfig) -> None:
     needs = {"grpo": "none", "token_gae": "token", "bi_level_gae": "token", "turn_gae": "turn"}[adv]
     if level != needs:
         raise ValueError(f"algorithm.adv_estimator={adv} needs critic.level={needs}, got {level!r}")
+    if cfg.critic.shared_backbone and level != "none" and \
+            cfg.critic.ppo_epochs != cfg.actor_rollout_ref.actor.ppo_epochs:
+        raise ValueError(f"critic.shared_backbone=true trains the critic inside the actor's update: critic.ppo_epochs="
+                         f"{cfg.critic.ppo_epochs} must equal actor_rollout_ref.actor.ppo_epochs="
+                         f"{cfg.actor_rollout_ref.actor.ppo_epochs}")
     parse_split(cfg.custom_envs, cfg.es_manager.train, "train")
     parse_split(cfg.custom_envs, cfg.es_manager.val, "val")
     tr = cfg.es_manager.train
@@ -195,14 +200,21 @@ class StarPOTrainer:
         if cfg.actor_rollout_ref.actor.use_kl_loss:
             self.ref = copy.deepcopy(self.actor).eval().requires_grad_(False)
         self.critic: Optional[CriticModel] = None
-        if cfg.critic.level != "none":
+        # shared_backbone: the value head reads the actor's backbone and trains with the actor (one joint loss)
+        self.shared_critic = cfg.critic.level != "none" and bool(cfg.critic.shared_backbone)
+        if self.shared_critic:
+            self.critic = CriticModel.on_shared_backbone(self.actor)
+        elif cfg.critic.level != "none":
             self.critic = CriticModel.from_causal_lm(self.actor).to(self.device)
-        a = cfg.actor_rollout_ref.actor
-        self.actor_optim = torch.optim.AdamW(self.actor.parameters(), lr=a.optim.lr, weight_decay=a.optim.weight_decay,
+        a, c = cfg.actor_rollout_ref.actor, cfg.critic
+        groups = [{"params": list(self.actor.parameters())}]
+        if self.shared_critic:  # the head keeps the critic's lr and weight decay
+            groups.append({"params": list(self.critic.value_head.parameters()), "lr": c.optim.lr,
+                           "weight_decay": c.optim.weight_decay})
+        self.actor_optim = torch.optim.AdamW(groups, lr=a.optim.lr, weight_decay=a.optim.weight_decay,
                                              betas=tuple(a.optim.betas))
         self.critic_optim = None
-        if self.critic is not None:
-            c = cfg.critic
+        if self.critic is not None and not self.shared_critic:
             self.critic_optim = torch.optim.AdamW(self.critic.parameters(), lr=c.optim.lr,
                                                   weight_decay=c.optim.weight_decay)
         self.ctx = context_config(cfg)
@@ -335,10 +347,26 @@ class StarPOTrainer:
         return out, skipped
 
     def actor_loss(self, mb: Trajectory):
-        a = self.cfg.actor_rollout_ref.actor
         dev = self.device
         ids, am, pos = mb.input_ids.to(dev), mb.attention_mask.to(dev), mb.position_ids.to(dev)
         logp, ent = self.logprobs(self.actor, ids, am, pos, return_entropy=True)
+        return self.policy_loss(mb, logp, ent)
+
+    def joint_loss(self, mb: Trajectory):
+        """Shared backbone: policy loss + ``critic.vf_coef`` x value loss from one forward of the actor."""
+        dev = self.device
+        ids, am, pos = mb.input_ids.to(dev), mb.attention_mask.to(dev), mb.position_ids.to(dev)
+        logp, ent, hidden = logprobs_and_hidden(self.actor, ids, am, pos,
+                                                temperature=self.cfg.actor_rollout_ref.rollout.temperature or 1.0)
+        loss, metrics = self.policy_loss(mb, logp, ent)
+        v_loss, v_metrics = self.critic_loss(mb, values_before_tokens(self.critic.values_from_hidden(hidden)))
+        metrics.update(v_metrics)
+        return loss + self.cfg.critic.vf_coef * v_loss, metrics
+
+    def policy_loss(self, mb: Trajectory, logp: torch.Tensor, ent: torch.Tensor):
+        """The configured policy loss (+ entropy bonus, + KL to the reference) from fresh ``logp``/``ent`` [b, T]."""
+        a = self.cfg.actor_rollout_ref.actor
+        dev = self.device
         mask = mb.response_mask.to(dev)
         loss, metrics = self.loss_fn(mb.old_logp.to(dev), logp, mb.advantages.to(dev), mask, None, self.loss_cfg, None,
                                      mb.turn_ids.to(dev))
@@ -360,12 +388,15 @@ class StarPOTrainer:
     def update(self, batch: Trajectory) -> Dict[str, float]:
         metrics: Dict[str, float] = {}
         skipped = 0
-        if self.critic is not None:
+        if self.critic is not None and not self.shared_critic:
             m, s = self._run_updates(batch, self.critic, self.critic_optim, self.critic_step_loss,
                                      self.cfg.critic.ppo_epochs, self.cfg.critic.grad_clip, "critic")
             metrics.update(m)
             skipped += s
-        m, s = self._run_updates(batch, self.actor, self.actor_optim, self.actor_loss,
+        model, loss_of = self.actor, self.actor_loss
+        if self.shared_critic:  # one optimizer step on actor + value head (clipped together)
+            model, loss_of = torch.nn.ModuleList([self.actor, self.critic.value_head]), self.joint_loss
+        m, s = self._run_updates(batch, model, self.actor_optim, loss_of,
                                  self.cfg.actor_rollout_ref.actor.ppo_epochs,
                                  self.cfg.actor_rollout_ref.actor.grad_clip, "actor")
         metrics.update(m)
@@ -491,7 +522,9 @@ class StarPOTrainer:
         state = {"step": self.step, "nonfinite_in_a_row": self.nonfinite_in_a_row,
                  "actor_optim": self.actor_optim.state_dict(),
                  "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}}
-        if self.critic is not None:
+        if self.shared_critic:
+            self.critic.save_value_head(tmp / "critic")
+        elif self.critic is not None:
             self.critic.save_pretrained(tmp / "critic")
             state["critic_optim"] = self.critic_optim.state_dict()
         torch.save(state, tmp / "trainer_state.pt")
@@ -518,7 +551,9 @@ class StarPOTrainer:
         self.actor.load_state_dict(loaded.state_dict())
         state = torch.load(path / "trainer_state.pt", weights_only=False)
         self.actor_optim.load_state_dict(state["actor_optim"])
-        if self.critic is not None:
+        if self.shared_critic:
+            self.critic.load_value_head(path / "critic")
+        elif self.critic is not None:
             loaded_c = CriticModel.from_pretrained(path / "critic", dtype=self.cfg.dtype)
             self.critic.load_state_dict(loaded_c.state_dict())
             self.critic_optim.load_state_dict(state["critic_optim"])

@@ -91,6 +91,8 @@ def to_verl_config(cfg: DictConfig, model_path: Optional[str] = None) -> DictCon
     check_ragen_config(cfg)
     if cfg.model.get("warmstart", {}).get("enable", False):
         print("[ragen_turn] engine=verl: model.warmstart is not run on verl (start from a trained checkpoint)")
+    if cfg.critic.level != "none" and cfg.critic.get("shared_backbone", False):
+        raise ValueError("critic.shared_backbone=true runs on engine=local only: verl trains a separate critic model")
     v = cfg.engine.verl
     ar = cfg.actor_rollout_ref
     a, r = ar.actor, ar.rollout
