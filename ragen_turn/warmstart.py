@@ -75,10 +75,18 @@ def collect_demonstrations(cfg: DictConfig, tokenizer: Any, n_episodes: int, see
     return Trajectory.from_episodes(episodes, tokenizer.pad_token_id)
 
 
+def warmstart_seed(cfg: DictConfig) -> int:
+    """``model.warmstart.seed``, or the run's ``seed`` when that is null (each RL seed gets its own SFT)."""
+    ws_seed = cfg.model.warmstart.get("seed")
+    return int(cfg.seed if ws_seed is None else ws_seed)
+
+
 def warmstart_key(cfg: DictConfig, tokenizer: Any) -> str:
+    model = OmegaConf.to_container(cfg.model, resolve=True)
+    model["warmstart"].pop("seed", None)  # counted once, as "seed" below
     parts = {
         "version": WARMSTART_VERSION,
-        "model": OmegaConf.to_container(cfg.model, resolve=True),
+        "model": model,
         "model_path": cfg.get("model_path"),
         "envs": {t: OmegaConf.to_container(cfg.custom_envs[t], resolve=True)
                  for t in cfg.es_manager.train.env_configs.tags},
@@ -87,7 +95,7 @@ def warmstart_key(cfg: DictConfig, tokenizer: Any) -> str:
         "format_penalty": cfg.es_manager.format_penalty,
         "dtype": cfg.dtype,
         "vocab": len(tokenizer),
-        "seed": cfg.seed,
+        "seed": warmstart_seed(cfg),
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -97,7 +105,7 @@ def sft(model: torch.nn.Module, demos: Trajectory, cfg: DictConfig, device: torc
     ws = cfg.model.warmstart
     model.to(device).train()
     opt = torch.optim.AdamW(model.parameters(), lr=ws.lr, weight_decay=0.0)
-    g = torch.Generator().manual_seed(int(cfg.seed) + 1)
+    g = torch.Generator().manual_seed(warmstart_seed(cfg) + 1)
     n = demos.batch_size
     order = torch.randperm(n, generator=g)
     pos = 0
@@ -142,7 +150,7 @@ def warmstart(model: torch.nn.Module, tokenizer: Any, cfg: DictConfig, log=print
         return model
     ws = cfg.model.warmstart
     t0 = time.time()
-    demos = collect_demonstrations(cfg, tokenizer, int(ws.episodes), seed=int(cfg.seed) + 10_007)
+    demos = collect_demonstrations(cfg, tokenizer, int(ws.episodes), seed=warmstart_seed(cfg) + 10_007)
     succ = float(demos.success.mean())
     log(f"[warmstart] {demos.batch_size} solver demonstrations ({succ:.2f} solved within the turn budget, "
         f"{int(demos.response_mask.sum())} response tokens) in {time.time() - t0:.1f}s")

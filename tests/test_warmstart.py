@@ -1,0 +1,58 @@
+"""Warm start (SFT on solver demonstrations): demonstrations, the loss going down, the cache and its key."""
+from __future__ import annotations
+
+import json
+
+import torch
+from omegaconf import OmegaConf
+
+from helpers import micro_config, tiny_tokenizer
+from ragen_turn.models import load_model_and_tokenizer
+from ragen_turn.warmstart import cache_dir, collect_demonstrations, warmstart, warmstart_key, warmstart_seed
+
+WS = ["model.warmstart.enable=true", "model.warmstart.episodes=16", "model.warmstart.steps=30",
+      "model.warmstart.batch_size=8", "model.warmstart.lr=3e-3", "agent_proxy.max_turn=5",
+      "custom_envs.SimpleSokoban.max_actions_per_traj=10"]
+
+
+def test_key_and_seed_pinning():
+    tok = tiny_tokenizer()
+    per_seed = [micro_config(WS + [f"seed={s}"]) for s in (0, 1)]
+    assert [warmstart_seed(c) for c in per_seed] == [0, 1]
+    assert warmstart_key(per_seed[0], tok) != warmstart_key(per_seed[1], tok)
+    pinned = [micro_config(WS + [f"seed={s}", "model.warmstart.seed=0"]) for s in (0, 1, 2)]
+    assert [warmstart_seed(c) for c in pinned] == [0, 0, 0]
+    # pinning to the run's own seed is the same SFT as leaving it null (the key does not see the spelling)
+    assert {warmstart_key(c, tok) for c in pinned} == {warmstart_key(per_seed[0], tok)}
+    # anything that changes the SFT changes the key
+    assert warmstart_key(micro_config(WS + ["model.warmstart.steps=31"]), tok) != warmstart_key(per_seed[0], tok)
+    assert warmstart_key(micro_config(WS + ["agent_proxy.max_turn=4"]), tok) != warmstart_key(per_seed[0], tok)
+
+
+def test_sweeps_pin_the_warm_start():
+    for sweep in ("algos", "gamma_lambda", "batch_design", "critic_lr"):
+        assert warmstart_seed(micro_config([f"+sweep={sweep}", "seed=2"])) == 0, sweep
+
+
+def test_demonstrations_solve_and_sft_lowers_the_loss_then_caches(tmp_path, monkeypatch):
+    monkeypatch.setenv("RAGEN_TURN_CACHE_DIR", str(tmp_path))
+    cfg = micro_config(WS)
+    model, tok = load_model_and_tokenizer(OmegaConf.to_container(cfg.model, resolve=True))
+    demos = collect_demonstrations(cfg, tok, 8, seed=3)
+    assert demos.batch_size == 8 and bool(demos.success.all())  # the solver finishes within the turn budget
+    assert int(demos.response_mask.sum()) > 0
+    lines = []
+    trained = warmstart(model, tok, cfg, log=lines.append)
+    path = cache_dir(cfg, tok)
+    stats = json.loads((path / "warmstart.json").read_text())
+    first = float(next(l for l in lines if "sft step 1/" in l).split("nll ")[1].split()[0])
+    assert stats["sft/final_nll"] < 0.7 * first, (first, stats)
+    assert stats["demo_success"] == 1.0
+    # a second run loads the cached weights instead of training again
+    fresh, _ = load_model_and_tokenizer(OmegaConf.to_container(cfg.model, resolve=True))
+    lines2 = []
+    loaded = warmstart(fresh, tok, cfg, log=lines2.append)
+    assert any("loaded cached warm start" in l for l in lines2) and not any("sft step" in l for l in lines2)
+    for (n, p), q in zip(trained.state_dict().items(), loaded.state_dict().values()):
+        assert torch.equal(p.cpu(), q.cpu()), n
+
