@@ -5,6 +5,8 @@
 - sampling: ``--batch`` real Sokoban first prompts, ``--new-tokens`` sampled tokens each (stop
   strings off so every row samples the same count), as one left-padded KV-cache batch and one
   prompt at a time; sampled tokens per second and the ratio (target >= 8x at batch 64).
+- rollout: one multi-turn Sokoban rollout batch with a fresh prefill every turn and with the
+  prefix cache (earlier turns' keys/values kept); wall times and the ratio.
 - update: one rollout batch of the default Sokoban setting, then the full PPO update (critic +
   actor) with ``turn_ppo`` and with ``token_ppo`` on the same tokens; tokens per second and the
   ratio of the two step times (target turn / token <= 1.10).
@@ -56,6 +58,29 @@ def bench_sampling(trainer, batch: int, new_tokens: int) -> None:
           f"   ratio {tps_batch / tps_single:.1f}x (target >= 8x)")
 
 
+def bench_rollout(trainer, repeats: int) -> None:
+    """One multi-turn rollout batch (the config's env groups x group size), fresh prefill every turn
+    vs the prefix cache (same seeds, same generator seed); wall time and the ratio."""
+    from ragen_turn.engines.local.trainer import context_config
+    from ragen_turn.rollout import ChatFormatter, run_episodes
+
+    times = {}
+    for cached in (False, True):
+        ts = []
+        for _ in range(repeats):
+            sampler = LocalSampler(trainer.actor, trainer.tokenizer, temperature=1.0, device=trainer.device,
+                                   generator=torch.Generator().manual_seed(0), prefix_cache=cached)
+            t = time.perf_counter()
+            eps = run_episodes(trainer.train_envs.assign_seeds(0, 0), sampler, trainer.formatter,
+                               context_config(trainer.cfg))
+            ts.append(time.perf_counter() - t)
+        times[cached] = statistics.median(ts)
+        turns = sum(e.num_turns for e in eps)
+        print(f"rollout   prefix_cache={str(cached):5s}: {times[cached]:.2f} s for {len(eps)} episodes, {turns} turns, "
+              f"{sum(len(e.token_ids) for e in eps)} tokens; reused {sampler.cached_tokens_reused} prompt tokens")
+    print(f"rollout time fresh prefill / prefix cache: {times[False] / times[True]:.2f}x")
+
+
 def bench_update(model: str, repeats: int) -> None:
     times = {}
     tokens = 0
@@ -98,6 +123,7 @@ def main() -> None:
     print(f"model {a.model}: {sum(p.numel() for p in tr.actor.parameters()) / 1e6:.1f}M parameters, "
           f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     bench_sampling(tr, a.batch, a.new_tokens)
+    bench_rollout(tr, a.repeats)
     bench_update(a.model, a.repeats)
 
 

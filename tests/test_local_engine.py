@@ -250,3 +250,52 @@ def test_shared_backbone_needs_equal_epochs():
     cfg = micro_config(["algo=turn_ppo", "critic.shared_backbone=true", "critic.ppo_epochs=2"])
     with pytest.raises(ValueError, match=r"critic\.ppo_epochs"):
         validate_config(cfg)
+
+
+@pytest.mark.parametrize("temperature,micro", [(0.0, 0), (1.0, 3)])
+def test_prefix_cache_gives_the_same_episodes_as_fresh_prefills(temperature, micro):
+    """Reusing keys/values across turns (rows matched by prefix, chunks of ``micro`` rows, rows
+    finishing at different turns) samples exactly what a fresh prefill every turn samples."""
+    from ragen_turn.engines.local.sampler import LocalSampler
+    from ragen_turn.engines.local.trainer import context_config
+    from ragen_turn.rollout import ChatFormatter, EnvGroupManager, run_episodes
+
+    cfg = micro_config(["agent_proxy.max_turn=4", "actor_rollout_ref.rollout.response_length=12",
+                        "es_manager.train.env_groups=3", "es_manager.train.group_size=2"])
+    tr = build_trainer(cfg, log=_quiet)
+    torch.manual_seed(0)
+    with torch.no_grad():  # a random, sharper model: answers of varied lengths, some valid moves
+        for p in tr.actor.parameters():
+            p.mul_(4.0)
+    runs = {}
+    for cached in (False, True):
+        sampler = LocalSampler(tr.actor, tr.tokenizer, temperature=temperature, micro_batch_size=micro,
+                               generator=torch.Generator().manual_seed(5), prefix_cache=cached)
+        eps = run_episodes(tr.train_envs.assign_seeds(0, 0), sampler, ChatFormatter(tr.tokenizer), context_config(cfg))
+        runs[cached] = (eps, sampler.cached_tokens_reused, sampler._cached)
+    fresh, cached = runs[False][0], runs[True][0]
+    assert [e.token_ids for e in fresh] == [e.token_ids for e in cached]
+    assert max(e.num_turns for e in fresh) > 1
+    assert runs[False][1] == 0 and runs[True][1] > 0  # later turns reused the earlier turns' tokens
+    assert runs[True][2] == []  # the cache is dropped when the rollout ends
+
+
+def test_prefix_cache_logits_match_a_full_prefill():
+    from ragen_turn.engines.local.sampler import LocalSampler
+
+    tr = build_trainer(micro_config([]), log=_quiet)
+    torch.manual_seed(1)
+    V = len(tr.tokenizer)
+    prompts = [torch.randint(0, V, (n,)).tolist() for n in (7, 12, 3)]
+    s = LocalSampler(tr.actor, tr.tokenizer, temperature=0.0, stop_strings=(), prefix_cache=True)
+    s.stop_ids, s._stop_ids_t = set(), torch.tensor([], dtype=torch.long)
+    first = s.generate(prompts, 4)
+    # next turn: rows 0 and 2 continue (prompt + response + 5 new tokens), row 1 is a new prompt
+    nxt = [prompts[0] + first[0] + [11, 12, 13, 14, 15], torch.randint(0, V, (9,)).tolist(),
+           prompts[2] + first[2] + [21, 22]]
+    previous, s._cached = s._cached, []
+    logits, *_ = s._prefill(nxt, previous)
+    fresh = LocalSampler(tr.actor, tr.tokenizer, temperature=0.0)
+    ref, *_ = fresh._prefill(nxt, [])
+    assert s.cached_tokens_reused == (len(prompts[0]) + 3) + (len(prompts[2]) + 3)
+    assert torch.allclose(logits, ref, atol=1e-5), (logits - ref).abs().max()

@@ -56,6 +56,17 @@ def run_episodes(slots: Sequence[EnvSlot], policy: Policy, formatter: ChatFormat
     ``log``, if given, gets one progress line per turn (active episodes, elapsed seconds).
     """
     t0 = time.time()
+    if hasattr(policy, "reset_cache"):  # cached keys/values belong to the weights of one rollout
+        policy.reset_cache()
+    try:
+        return _play(slots, policy, formatter, cfg, log, t0)
+    finally:
+        if hasattr(policy, "reset_cache"):
+            policy.reset_cache()
+
+
+def _play(slots: Sequence[EnvSlot], policy: Policy, formatter: ChatFormatter, cfg: ContextConfig,
+          log: Optional[Callable[[str], None]], t0: float) -> List[Episode]:
     live: List[_Live] = []
     for slot in slots:
         obs = slot.env.reset(seed=slot.seed)

@@ -1,6 +1,7 @@
 """Batched sampling with a KV cache and left padding (the local engine's rollout policy)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, List, Optional, Sequence
 
 import torch
@@ -25,6 +26,16 @@ def _stop_candidates(tokenizer: Any, stop_strings: tuple) -> torch.Tensor:
     return _STOP_TABLES[key]
 
 
+@dataclass
+class _CachedRow:
+    """One row of an earlier call: its real ``tokens`` and where their keys/values are:
+    ``layers[l] = (K, V)`` of its chunk (``[B, heads, S, d]``), row ``row``, slots ``slots`` (``[len(tokens)]``)."""
+    tokens: tuple
+    layers: list
+    row: int
+    slots: torch.Tensor
+
+
 class LocalSampler:
     """Samples responses for a batch of prompts of different lengths.
 
@@ -32,11 +43,17 @@ class LocalSampler:
     cache, until every row has hit a stop token id, a stop string (e.g. ``</answer>``, checked on
     the decoded text only when a token that can end it is sampled) or ``max_new_tokens``.
     Returns exactly the sampled ids of each row, up to and including the stop.
+
+    ``prefix_cache=True`` keeps each row's keys/values between calls, so the next turn of a
+    multi-turn episode (its prompt = the last prompt + the response + the env's reply) prefills only
+    the new tokens. Rows are matched by token prefix; call ``reset_cache()`` whenever the model's
+    weights change (``run_episodes`` does at the start and end of every rollout).
     """
 
     def __init__(self, model: Any, tokenizer: Any, temperature: float = 1.0, top_p: float = 1.0,
                  stop_strings: Sequence[str] = ("</answer>",), device: str | torch.device = "cpu",
-                 generator: Optional[torch.Generator] = None, micro_batch_size: int = 0):
+                 generator: Optional[torch.Generator] = None, micro_batch_size: int = 0,
+                 prefix_cache: bool = False):
         if temperature < 0:
             raise ValueError(f"actor_rollout_ref.rollout.temperature must be >= 0, got {temperature}")
         if not (0 < top_p <= 1):
@@ -54,16 +71,91 @@ class LocalSampler:
         self.stop_strings = [s for s in stop_strings if s]
         self._maybe_stop = _stop_candidates(tokenizer, tuple(self.stop_strings))
         self._stop_ids_t = torch.tensor(sorted(self.stop_ids), dtype=torch.long)
+        self.prefix_cache = bool(prefix_cache)
+        self._cached: List[_CachedRow] = []
+        self.cached_tokens_reused = 0  # prompt tokens not prefilled again thanks to the cache (running total)
+
+    def reset_cache(self) -> None:
+        """Forget the keys/values of earlier calls (they belong to the weights they were computed with)."""
+        self._cached = []
 
     @torch.no_grad()
     def generate(self, prompts: List[List[int]], max_new_tokens: int) -> List[List[int]]:
         if not prompts:
             return []
         mb = self.micro_batch_size or len(prompts)
+        previous, self._cached = self._cached, []
         out: List[List[int]] = []
         for i in range(0, len(prompts), mb):
-            out.extend(self._generate(prompts[i:i + mb], max_new_tokens))
+            out.extend(self._generate(prompts[i:i + mb], max_new_tokens, previous))
         return out
+
+    def _find_prefix(self, prompt: List[int], previous: List[_CachedRow]) -> Optional[_CachedRow]:
+        best = None
+        for c in previous:
+            n = len(c.tokens)
+            if n < len(prompt) and (best is None or n > len(best.tokens)) and tuple(prompt[:n]) == c.tokens:
+                best = c
+        return best
+
+    def _prefill(self, prompts: List[List[int]], previous: List[_CachedRow]):
+        """Prefill ``prompts`` ``-> (logits [B, V], cache, attn [B, S], last_pos [B, 1], slots)``.
+
+        Each row is ``[pad][cached prefix][pad][new tokens]``: the keys/values of a cached prefix are
+        copied in (their positions are already encoded), only the new tokens run through the model.
+        Without a cached prefix that is plain left padding. ``slots[b]`` = the prompt's slot indices.
+        """
+        B = len(prompts)
+        hits = [self._find_prefix(p, previous) if previous else None for p in prompts]
+        c_len = [len(h.tokens) if h is not None else 0 for h in hits]
+        new = [p[c:] for p, c in zip(prompts, c_len)]
+        C, N = max(c_len), max(len(x) for x in new)
+        input_ids = torch.full((B, N), self.pad_id, dtype=torch.long)
+        attn = torch.zeros(B, C + N, dtype=torch.long)
+        pos = torch.zeros(B, N, dtype=torch.long)
+        slots = []
+        for b, (x, c) in enumerate(zip(new, c_len)):
+            input_ids[b, N - len(x):] = torch.tensor(x, dtype=torch.long)
+            pos[b, N - len(x):] = torch.arange(c, c + len(x))
+            slots.append(torch.cat([torch.arange(C - c, C), torch.arange(C + N - len(x), C + N)]))
+            attn[b, slots[-1]] = 1
+        past = None
+        if C > 0:
+            from transformers import DynamicCache
+
+            layers = []
+            for layer in range(len(next(h for h in hits if h is not None).layers)):
+                kv = []
+                for which in (0, 1):  # keys, values
+                    rows = []
+                    for h, c in zip(hits, c_len):
+                        src = h.layers[layer][which] if h is not None else None
+                        ref = src if src is not None else next(x for x in hits if x is not None).layers[layer][which]
+                        pad = ref.new_zeros(1, ref.shape[1], C - c, ref.shape[3])
+                        rows.append(pad if h is None else
+                                    torch.cat([pad, src[h.row:h.row + 1].index_select(2, h.slots.to(src.device))], 2))
+                    kv.append(torch.cat(rows, dim=0))
+                layers.append(tuple(kv))
+            past = DynamicCache(ddp_cache_data=layers)
+            self.cached_tokens_reused += sum(c_len)
+        out = self.model(input_ids=input_ids.to(self.device), attention_mask=attn.to(self.device),
+                         position_ids=pos.to(self.device), past_key_values=past, use_cache=True, logits_to_keep=1)
+        return out.logits[:, -1], out.past_key_values, attn.to(self.device), pos[:, -1:].to(self.device), slots
+
+    def _remember(self, prompts, results, cache, slots, width: int) -> None:
+        """Keep each row's keys/values of prompt + response minus its last token (never fed back);
+        the response's token k sits at slot ``width + k``."""
+        try:
+            from transformers.cache_utils import DynamicLayer
+
+            if any(type(layer) is not DynamicLayer for layer in cache.layers):
+                return  # sliding-window or other layouts: no reuse
+            layers = [(layer.keys, layer.values) for layer in cache.layers]
+        except (ImportError, AttributeError):
+            return
+        for b, (p, r) in enumerate(zip(prompts, results)):
+            resp_slots = torch.arange(width, width + len(r) - 1)
+            self._cached.append(_CachedRow(tuple(p) + tuple(r[:-1]), layers, b, torch.cat([slots[b], resp_slots])))
 
     def _sample(self, logits: torch.Tensor) -> torch.Tensor:
         """``logits [B, V]`` -> token ids ``[B]`` (greedy when temperature is 0)."""
@@ -79,23 +171,14 @@ class LocalSampler:
         gen = self.generator if (self.generator is not None and self.generator.device == probs.device) else None
         return torch.multinomial(probs, 1, generator=gen).squeeze(-1)
 
-    def _generate(self, prompts: List[List[int]], max_new_tokens: int) -> List[List[int]]:
+    def _generate(self, prompts: List[List[int]], max_new_tokens: int,
+                  previous: Sequence[_CachedRow] = ()) -> List[List[int]]:
         B = len(prompts)
-        L = max(len(p) for p in prompts)
-        input_ids = torch.full((B, L), self.pad_id, dtype=torch.long)
-        attn = torch.zeros(B, L, dtype=torch.long)
-        for b, p in enumerate(prompts):
-            input_ids[b, L - len(p):] = torch.tensor(p, dtype=torch.long)
-            attn[b, L - len(p):] = 1
-        input_ids, attn = input_ids.to(self.device), attn.to(self.device)
-        pos = (attn.cumsum(dim=1) - 1).clamp(min=0)
-        out = self.model(input_ids=input_ids, attention_mask=attn, position_ids=pos, use_cache=True,
-                         logits_to_keep=1)
-        cache, logits = out.past_key_values, out.logits[:, -1]
+        logits, cache, attn, last_pos, slots = self._prefill(prompts, list(previous) if self.prefix_cache else [])
+        width = attn.shape[1]
         results: List[List[int]] = [[] for _ in range(B)]
         finished = torch.zeros(B, dtype=torch.bool)
         stop_ids = self._stop_ids_t
-        last_pos = pos[:, -1:]
         for _ in range(max_new_tokens):
             nxt = self._sample(logits).cpu()
             for b in (~finished).nonzero().flatten().tolist():
@@ -114,4 +197,6 @@ class LocalSampler:
             out = self.model(input_ids=nxt[:, None].to(self.device), attention_mask=attn, position_ids=last_pos,
                              past_key_values=cache, use_cache=True, logits_to_keep=1)
             cache, logits = out.past_key_values, out.logits[:, -1]
+        if self.prefix_cache:
+            self._remember(prompts, results, cache, slots, width)
         return results

@@ -169,7 +169,7 @@ def evaluate_policy(model, tokenizer, cfg: DictConfig, envs: EnvGroupManager, de
     r = cfg.actor_rollout_ref.rollout
     sampler = LocalSampler(model, tokenizer, temperature=r.val_temperature, top_p=1.0 if r.val_temperature else r.top_p,
                            device=device, generator=torch.Generator().manual_seed(int(cfg.seed)),
-                           micro_batch_size=r.micro_batch_size)
+                           micro_batch_size=r.micro_batch_size, prefix_cache=r.prefix_cache)
     episodes = run_episodes(envs.assign_seeds(cfg.seed, 0), sampler, ChatFormatter(tokenizer), context_config(cfg), log=log)
     return episode_metrics(Trajectory.from_episodes(episodes, tokenizer.pad_token_id), prefix)
 
@@ -224,7 +224,8 @@ class StarPOTrainer:
         r = cfg.actor_rollout_ref.rollout
         self.gen = torch.Generator(device="cpu")
         self.sampler = LocalSampler(self.actor, self.tokenizer, temperature=r.temperature, top_p=r.top_p,
-                                    device=self.device, generator=self.gen, micro_batch_size=r.micro_batch_size)
+                                    device=self.device, generator=self.gen, micro_batch_size=r.micro_batch_size,
+                                    prefix_cache=r.prefix_cache)
         self.loss_fn = get_policy_loss_fn(a.policy_loss.loss_mode)
         self.loss_cfg = OmegaConf.to_container(a.policy_loss, resolve=True)
         self.loss_cfg.update(clip_ratio_low=a.clip_ratio_low, clip_ratio_high=a.clip_ratio_high)
@@ -416,6 +417,7 @@ class StarPOTrainer:
     # -------------------------------------------------------------------------------- one step
     def train_step(self) -> Dict[str, float]:
         t0 = time.time()
+        reused0 = getattr(self.sampler, "cached_tokens_reused", 0)
         batch = self.rollout(self.step)
         t_roll = time.time() - t0
         metrics = episode_metrics(batch)
@@ -438,6 +440,7 @@ class StarPOTrainer:
         metrics["perf/step_s"] = dt
         metrics["perf/tokens_per_s"] = float(batch.attention_mask.sum()) / max(dt, 1e-9)
         metrics["perf/sampled_tokens_per_s"] = float(batch.response_mask.sum()) / max(t_roll, 1e-9)
+        metrics["perf/prefix_cache_tokens"] = float(getattr(self.sampler, "cached_tokens_reused", 0) - reused0)
         metrics["env/kept_episodes"] = float(batch.batch_size)
         return metrics
 
