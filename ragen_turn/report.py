@@ -48,6 +48,7 @@ class Run:
     rows: List[Dict[str, Any]]          # one per step, sorted by step; values float (NaN for null) or raw
     bad_lines: int = 0                  # lines that were not JSON (a write cut off by a crash)
     nan_counts: Dict[str, int] = field(default_factory=dict)  # null / non-finite values per used key
+    evals: Dict[str, Dict[str, Any]] = field(default_factory=dict)  # eval_<name>.json in the run dir (eval.sh)
 
     @property
     def last_step(self) -> Optional[int]:
@@ -145,7 +146,15 @@ def load_run(run_dir: Path) -> Run:
         by_step[int(row["step"])] = row  # a resumed run may repeat steps: the last line wins
     rows = [by_step[s] for s in sorted(by_step)]
     nan_counts = {k: sum(1 for r in rows if k in r and not _finite(r[k])) for k in USED_KEYS}
-    return Run(path=run_dir, config=config, rows=rows, bad_lines=bad, nan_counts=nan_counts)
+    evals = {}
+    for f in sorted(run_dir.glob("eval_*.json")):
+        try:
+            data = json.loads(f.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if isinstance(data, dict):
+            evals[f.stem[len("eval_"):]] = data
+    return Run(path=run_dir, config=config, rows=rows, bad_lines=bad, nan_counts=nan_counts, evals=evals)
 
 
 def _is_run_dir(d: Path) -> bool:
@@ -358,6 +367,9 @@ def header_notes(keys: Sequence[str], threshold: float, smooth_window: int) -> L
         "was clipped (`actor/clip_frac_token`, `actor/clip_frac_turn`). **KL**: mean `actor/approx_kl`.",
         "- **s/step**: mean wall-clock seconds per training step (`perf/step_s`).",
         "- **NaN**: null/NaN values of the metrics above in the group's logs (+ lines that were not JSON).",
+        "- **<name> success** (only when runs have them): held-out success from `<run>/eval_<name>.json`, written by "
+        "`bash eval.sh <env> <run> +eval_output=<run>/eval_<name>.json [overrides]` on the run's last checkpoint "
+        "(e.g. `greedy`: `actor_rollout_ref.rollout.val_temperature=0`); mean ± std over the runs that have one.",
     ]
 
 
@@ -385,12 +397,21 @@ def group_row(runs: Sequence[Run], threshold: float, smooth_window: int) -> List
     ]
 
 
+def eval_names(groups: Sequence[Tuple[str, List[Run]]]) -> List[str]:
+    """Names of the extra evaluations (``<run>/eval_<name>.json``) found in any run."""
+    return sorted({name for _, runs in groups for r in runs for name in r.evals})
+
+
 def markdown_table(groups: Sequence[Tuple[str, List[Run]]], keys: Sequence[str], threshold: float,
                    smooth_window: int = 1) -> str:
-    cols = [", ".join(keys)] + [c.format(thr=f"{threshold:g}") for c in TABLE_COLUMNS]
+    extra = eval_names(groups)
+    cols = [", ".join(keys)] + [c.format(thr=f"{threshold:g}") for c in TABLE_COLUMNS] + \
+        [f"{name} success" for name in extra]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for label, runs in groups:
-        lines.append("| " + " | ".join([label] + group_row(runs, threshold, smooth_window)) + " |")
+        cells = group_row(runs, threshold, smooth_window) + \
+            [_cell([_num(r.evals.get(name, {}).get(VAL_SUCCESS)) for r in runs if name in r.evals]) for name in extra]
+        lines.append("| " + " | ".join([label] + cells) + " |")
     return "\n".join(lines)
 
 

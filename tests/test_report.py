@@ -176,3 +176,20 @@ def test_run_discovery_skips_hydra_and_checkpoints(runs_dir):
     found = report.find_runs([str(runs_dir)])
     assert len(found) == 6 and run in found
     assert report.find_runs([str(run / "metrics.jsonl")]) == [run]
+
+
+def test_extra_evals_become_columns(runs_dir, tmp_path):
+    """eval.sh outputs saved as <run>/eval_<name>.json give a '<name> success' column (mean ± std over the
+    runs that have one; a broken file is skipped)."""
+    for seed, s in [(0, 0.5), (1, 0.75)]:
+        (runs_dir / f"sokoban_turn_ppo_tiny_s{seed}" / "eval_greedy.json").write_text(
+            json.dumps({"val/success": s, "episodes": 256}))
+    (runs_dir / "sokoban_turn_ppo_tiny_s2" / "eval_greedy.json").write_text("{not json")
+    text = report.build_report([str(runs_dir)], tmp_path / "out", plots=False)
+    lines = text.splitlines()
+    head = next(ln for ln in lines if ln.startswith("| algo.name |"))
+    assert head.endswith("| NaN | greedy success |")
+    rows = {ln.split(" | ")[0][2:]: ln for ln in lines if ln.startswith("| ") and " | " in ln}
+    assert rows["turn_ppo"].endswith("| 0 | 0.625 ± 0.177 |")
+    assert rows["grpo"].endswith("| - |")
+    assert "**<name> success**" in text
