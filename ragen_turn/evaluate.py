@@ -66,13 +66,68 @@ def evaluate_checkpoint(cfg: DictConfig) -> dict:
     return m
 
 
+CONFIG_GROUPS = ("env", "model", "algo", "engine", "sweep", "paper")
+
+
+def run_config_path(path: str) -> Path | None:
+    """``<run>/config.yaml`` for a run dir or a checkpoint inside one (``<run>/checkpoints/step_N[/actor]``)."""
+    p = Path(path).expanduser().resolve()
+    for d in (p, *p.parents[:3]):
+        if (d / "config.yaml").is_file() and (d / "checkpoints").is_dir():
+            return d / "config.yaml"
+    return None
+
+
+def config_for_eval(cfg: DictConfig, overrides: list[str]) -> DictConfig:
+    """Evaluate a run under its own settings (prompt format, turns, env, response length, model), with
+    this command's overrides on top; config-group choices (``env=``, ``model=``, ...) stay the run's.
+
+    A run started from the command line recorded its Hydra overrides (``<run>/hydra/.hydra/overrides.yaml``):
+    the config is composed again from them plus ours, so interpolations follow (``es_manager.val.env_groups``
+    -> ``n_groups``). Otherwise ``<run>/config.yaml`` (resolved) gets our ``key=value`` overrides. For a
+    plain model directory ``cfg`` is used as it is."""
+    import yaml
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from ragen_turn.train import compose_config
+
+    run_cfg = run_config_path(str(cfg.checkpoint))
+    if run_cfg is None:
+        return cfg
+    parser = OverridesParser.create()
+
+    def key(o) -> str:
+        return o.key_or_group.lstrip("+~")
+
+    ours = [o for o in parser.parse_overrides(overrides) if key(o) not in CONFIG_GROUPS]
+    recorded = run_cfg.parent / "hydra" / ".hydra" / "overrides.yaml"
+    if recorded.is_file():
+        theirs = parser.parse_overrides([str(x) for x in (yaml.safe_load(recorded.read_text()) or [])])
+        last = {}
+        for o in theirs + ours:  # the last value of a key wins (a sweep records algo= twice)
+            last.pop(key(o), None)
+            last[key(o)] = o.input_line
+        print(f"[eval] settings of {run_cfg.parent} (its overrides + {len(ours)} of this command)")
+        return compose_config(list(last.values()))
+    base = OmegaConf.load(run_cfg)
+    with open_dict(base):
+        for o in ours:
+            if not o.is_delete():
+                OmegaConf.update(base, key(o), o.value(), force_add=True)
+    print(f"[eval] settings of {run_cfg} (+ {len(ours)} override(s) of this command)")
+    return base
+
+
 @hydra.main(config_path=CONFIG_DIR, config_name="base", version_base="1.3")
 def main(cfg: DictConfig) -> None:
+    from hydra.core.hydra_config import HydraConfig
+
     quiet_transformers()
     if "checkpoint" not in cfg:
         print("error: give the checkpoint: +checkpoint=DIR (or use eval.sh)", file=sys.stderr)
         sys.exit(2)
     try:
+        cfg = config_for_eval(cfg, list(HydraConfig.get().overrides.task))
         OmegaConf.resolve(cfg)
         m = evaluate_checkpoint(cfg)
     except (ValueError, FileNotFoundError) as e:

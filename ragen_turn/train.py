@@ -22,9 +22,13 @@ if not OmegaConf.has_resolver("mul"):
 def compose_config(overrides: list[str] | None = None) -> DictConfig:
     """The resolved config for ``overrides`` (as on the command line), without starting a run."""
     from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
 
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+    if GlobalHydra.instance().is_initialized():  # inside a @hydra.main app (e.g. eval re-composing a run)
         cfg = compose(config_name="base", overrides=list(overrides or []))
+    else:
+        with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+            cfg = compose(config_name="base", overrides=list(overrides or []))
     OmegaConf.resolve(cfg)
     return cfg
 

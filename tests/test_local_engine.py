@@ -299,3 +299,37 @@ def test_prefix_cache_logits_match_a_full_prefill():
     ref, *_ = fresh._prefill(nxt, [])
     assert s.cached_tokens_reused == (len(prompts[0]) + 3) + (len(prompts[2]) + 3)
     assert torch.allclose(logits, ref, atol=1e-5), (logits - ref).abs().max()
+
+
+def test_eval_uses_the_runs_own_settings_plus_overrides(tmp_path):
+    import subprocess
+    import sys
+
+    from helpers import MICRO_MODEL
+    from ragen_turn.evaluate import config_for_eval, evaluate_checkpoint, run_config_path
+    from ragen_turn.train import compose_config
+
+    run = tmp_path / "run"
+    train = MICRO_MODEL + ["algo=grpo", "trainer.total_training_steps=1", "agent_proxy.max_turn=1", "device=cpu",
+                           "actor_rollout_ref.rollout.response_length=6", "es_manager.train.env_groups=2",
+                           "es_manager.val.env_groups=2", "ppo_mini_batch_size=4", f"trainer.default_local_dir={run}"]
+    subprocess.run([sys.executable, "-m", "ragen_turn.train", *train], check=True, capture_output=True)
+    ckpt = run / "checkpoints" / (run / "checkpoints" / "latest").read_text().strip()
+    assert run_config_path(str(run)) == run_config_path(str(ckpt / "actor")) == (run / "config.yaml").resolve()
+    overrides = ["env=sokoban", "+checkpoint=" + str(run), "es_manager.val.env_groups=3",
+                 "actor_rollout_ref.rollout.val_temperature=0", "+eval_output=/tmp/x.json"]
+    cli = compose_config(overrides)  # the default config: 5 turns, 64-token responses
+    cfg = config_for_eval(cli, overrides)
+    assert cfg.agent_proxy.max_turn == 1 and cfg.actor_rollout_ref.rollout.response_length == 6
+    assert cfg.es_manager.val.env_groups == 3 and list(cfg.es_manager.val.env_configs.n_groups) == [3]
+    assert cfg.actor_rollout_ref.rollout.val_temperature == 0 and cfg.model.hidden_size == 32
+    assert cfg.checkpoint == str(run) and cfg.eval_output == "/tmp/x.json"
+    m = evaluate_checkpoint(cfg)
+    assert m["episodes"] == 3 and m["val/turns"] == 1.0
+    # without recorded overrides: the run's resolved config.yaml plus ours
+    (run / "hydra" / ".hydra" / "overrides.yaml").unlink()
+    cfg2 = config_for_eval(cli, ["actor_rollout_ref.rollout.val_temperature=0"])
+    assert cfg2.agent_proxy.max_turn == 1 and cfg2.actor_rollout_ref.rollout.val_temperature == 0
+    # a plain model directory (no run around it) keeps the command's config
+    plain = compose_config(["+checkpoint=" + str(tmp_path / "model")])
+    assert config_for_eval(plain, []) is plain
