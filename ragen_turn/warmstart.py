@@ -117,8 +117,8 @@ def sft(model: torch.nn.Module, demos: Trajectory, cfg: DictConfig, device: torc
         mb = demos.select(order[pos:pos + ws.batch_size])
         pos += ws.batch_size
         ids, am = mb.input_ids.to(device), mb.attention_mask.to(device)
-        logp = sequence_logprobs(model, ids, am, mb.position_ids.to(device))
         mask = mb.response_mask.to(device)
+        logp = sequence_logprobs(model, ids, am, mb.position_ids.to(device), token_mask=mask)
         loss = -(logp * mask).sum() / mask.sum().clamp(min=1)
         opt.zero_grad(set_to_none=True)
         loss.backward()

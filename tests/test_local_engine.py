@@ -64,7 +64,7 @@ def test_turn_critic_reads_values_at_turn_starts(tmp_path):
     batch = tr.rollout(0)
     tr.score(batch)
     # V(s_h) must be the critic's output at the last token of s_h (one before the turn's first token)
-    raw = tr._forward_all(lambda ids, am, pos: tr.critic(ids, am, pos), batch)
+    raw = tr._forward_all(lambda ids, am, pos, rm: tr.critic(ids, am, pos), batch)
     for b in range(batch.batch_size):
         starts = [t for t in range(batch.input_ids.shape[1]) if batch.response_mask[b, t] == 1 and
                   (t == 0 or batch.response_mask[b, t - 1] == 0)]

@@ -232,6 +232,35 @@ def test_sequence_logprobs_matches_naive(tiny):
             assert abs(float(ent[b, n_pad + t]) - float(ref_ent)) < 1e-4
 
 
+@pytest.mark.parametrize("plain_head", [True, False])
+def test_token_mask_scores_only_marked_tokens_with_the_same_values_and_gradients(tiny, plain_head, monkeypatch):
+    """``token_mask``: the vocabulary projection runs on the marked positions only (plain-head models) or on
+    all of them then masked (others); values and gradients equal the full computation's at the marked tokens."""
+    from ragen_turn.models import value_head
+
+    model, tok, _ = tiny
+    if not plain_head:
+        monkeypatch.setattr(value_head, "PLAIN_HEAD_MODEL_TYPES", ())
+    assert (value_head.plain_lm_head(model) is not None) == plain_head
+    enc = _left_padded_batch(tok)
+    ids, am = enc.input_ids, enc.attention_mask
+    torch.manual_seed(0)
+    token_mask = (torch.rand(ids.shape) < 0.5) & am.bool()
+    token_mask[:, -1] = True
+    full, full_ent = sequence_logprobs(model, ids, am, temperature=0.7, return_entropy=True)
+    ((full * token_mask).sum() + (full_ent * token_mask).sum()).backward()
+    ref_grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    sel, sel_ent = sequence_logprobs(model, ids, am, temperature=0.7, return_entropy=True, chunk_tokens=3,
+                                     token_mask=token_mask)
+    assert torch.allclose(sel, full * token_mask, atol=1e-5) and torch.allclose(sel_ent, full_ent * token_mask, atol=1e-5)
+    assert torch.all(sel[~token_mask] == 0)
+    (sel.sum() + sel_ent.sum()).backward()
+    for p, g in zip(model.parameters(), ref_grads):
+        assert torch.allclose(p.grad, g, atol=1e-5)
+    model.zero_grad(set_to_none=True)
+
+
 def test_sequence_logprobs_has_gradients(tiny):
     model, tok, _ = tiny
     enc = _left_padded_batch(tok)

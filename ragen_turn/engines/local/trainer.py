@@ -262,19 +262,21 @@ class StarPOTrainer:
 
     @torch.no_grad()
     def _forward_all(self, fn, batch: Trajectory) -> torch.Tensor:
+        """``fn(ids, am, pos, response_mask)`` over micro-batches, concatenated on the CPU."""
         outs = []
         for idx in self._micro_batches(batch.batch_size):
-            ids = batch.input_ids[idx].to(self.device)
-            am = batch.attention_mask[idx].to(self.device)
-            outs.append(fn(ids, am, batch.position_ids[idx].to(self.device)).float().cpu())
+            dev = self.device
+            outs.append(fn(batch.input_ids[idx].to(dev), batch.attention_mask[idx].to(dev),
+                           batch.position_ids[idx].to(dev), batch.response_mask[idx].to(dev)).float().cpu())
         return torch.cat(outs, dim=0)
 
-    def logprobs(self, model, ids, am, pos, **kw):
-        """Log-probs of the tokens at the sampling temperature (so ratios compare like with like)."""
+    def logprobs(self, model, ids, am, pos, response_mask, **kw):
+        """Log-probs of the response tokens at the sampling temperature (so ratios compare like with like);
+        0 on other tokens."""
         return sequence_logprobs(model, ids, am, pos, temperature=self.cfg.actor_rollout_ref.rollout.temperature or 1.0,
-                                 **kw)
+                                 token_mask=response_mask, **kw)
 
-    def critic_values(self, ids, am, pos) -> torch.Tensor:
+    def critic_values(self, ids, am, pos, response_mask=None) -> torch.Tensor:
         """Critic values in the engines' shared layout: ``[:, t]`` = V(state just before token t)."""
         return values_before_tokens(self.critic(ids, am, pos))
 
@@ -350,7 +352,7 @@ class StarPOTrainer:
     def actor_loss(self, mb: Trajectory):
         dev = self.device
         ids, am, pos = mb.input_ids.to(dev), mb.attention_mask.to(dev), mb.position_ids.to(dev)
-        logp, ent = self.logprobs(self.actor, ids, am, pos, return_entropy=True)
+        logp, ent = self.logprobs(self.actor, ids, am, pos, mb.response_mask.to(dev), return_entropy=True)
         return self.policy_loss(mb, logp, ent)
 
     def joint_loss(self, mb: Trajectory):
@@ -358,7 +360,8 @@ class StarPOTrainer:
         dev = self.device
         ids, am, pos = mb.input_ids.to(dev), mb.attention_mask.to(dev), mb.position_ids.to(dev)
         logp, ent, hidden = logprobs_and_hidden(self.actor, ids, am, pos,
-                                                temperature=self.cfg.actor_rollout_ref.rollout.temperature or 1.0)
+                                                temperature=self.cfg.actor_rollout_ref.rollout.temperature or 1.0,
+                                                token_mask=mb.response_mask.to(dev))
         loss, metrics = self.policy_loss(mb, logp, ent)
         v_loss, v_metrics = self.critic_loss(mb, values_before_tokens(self.critic.values_from_hidden(hidden)))
         metrics.update(v_metrics)
