@@ -61,7 +61,7 @@ def main(cfg: DictConfig) -> None:
     quiet_transformers()
     try:
         run(cfg)
-    except (ValueError, FileNotFoundError) as e:  # config / input errors: one clear line, no traceback
+    except (ValueError, FileNotFoundError, FileExistsError) as e:  # config / input errors: one clear line
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import tempfile
 
 from ragen_turn.train import compose_config
 
@@ -19,8 +20,9 @@ def micro_config(overrides=(), run_dir=None):
         "micro_batch_size_per_gpu=2", "trainer.total_training_steps=2", "trainer.test_freq=0", "trainer.save_freq=0",
         "device=cpu",
     ]
-    if run_dir is not None:
-        base.append(f"trainer.default_local_dir={run_dir}")
+    if run_dir is None:  # never the repo's runs/: a trainer built here writes config.yaml and resets metrics.jsonl
+        run_dir = tempfile.mkdtemp(prefix="ragen_turn_test_run_")
+    base.append(f"trainer.default_local_dir={run_dir}")
     return compose_config(base + list(overrides))
 
 

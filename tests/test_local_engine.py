@@ -333,3 +333,14 @@ def test_eval_uses_the_runs_own_settings_plus_overrides(tmp_path):
     # a plain model directory (no run around it) keeps the command's config
     plain = compose_config(["+checkpoint=" + str(tmp_path / "model")])
     assert config_for_eval(plain, []) is plain
+
+
+def test_a_finished_run_is_not_overwritten_by_accident(tmp_path):
+    common = ["algo=grpo", "trainer.total_training_steps=1"]
+    build_trainer(micro_config(common, run_dir=tmp_path), log=_quiet).fit()
+    before = (tmp_path / "metrics.jsonl").read_text()
+    with pytest.raises(FileExistsError, match="trainer.overwrite=true"):
+        build_trainer(micro_config(common, run_dir=tmp_path), log=_quiet)
+    assert (tmp_path / "metrics.jsonl").read_text() == before  # refused before touching anything
+    tr = build_trainer(micro_config(common + ["trainer.overwrite=true"], run_dir=tmp_path), log=_quiet)
+    assert not (tmp_path / "metrics.jsonl").exists() and tr.step == 0  # started over

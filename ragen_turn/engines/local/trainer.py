@@ -186,6 +186,12 @@ class StarPOTrainer:
         self.dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[cfg.dtype]
         seed_everything(cfg.seed)
         self.out_dir = Path(cfg.trainer.default_local_dir)
+        existing = self.out_dir / "metrics.jsonl"
+        if not cfg.trainer.resume and not cfg.trainer.get("overwrite", False) and existing.is_file() \
+                and existing.stat().st_size > 0:
+            raise FileExistsError(f"{self.out_dir} already holds a run ({existing}): trainer.resume=true continues "
+                                  "it, trainer.overwrite=true starts it over, or set another trainer.experiment_name "
+                                  "/ trainer.default_local_dir")
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.ckpt_dir = self.out_dir / "checkpoints"
 
