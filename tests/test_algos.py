@@ -320,7 +320,7 @@ def test_turn_ppo_geo_one_turn_equals_gspo():
     # GSPO: s_i = exp(mean_t (logp - old)), L = mean_i -min(s_i A_i, clip(s_i) A_i)
     s = torch.exp(((logp - old) * mask).sum(1) / mask.sum(1))
     gspo = (-torch.minimum(s * seq_adv, s.clamp(0.8, 1.28) * seq_adv)).mean()
-    assert loss.item() == pytest.approx(gspo.item(), rel=1e-6)
+    assert loss.item() == pytest.approx(gspo.item(), rel=1e-5)
     (g1,) = torch.autograd.grad(loss, logp, retain_graph=True)
     (g2,) = torch.autograd.grad(gspo, logp)
     assert torch.allclose(g1, g2, atol=1e-7)
@@ -335,7 +335,7 @@ def test_turn_ppo_one_turn_equals_sequence_level_ppo():
     loss, _ = policy_loss("turn_ppo", logp, old, adv, mask)
     s = torch.exp(((logp - old) * mask).sum(1))  # product of token ratios
     seq = (-torch.minimum(s * seq_adv, s.clamp(0.8, 1.28) * seq_adv)).mean()
-    assert loss.item() == pytest.approx(seq.item(), rel=1e-6)
+    assert loss.item() == pytest.approx(seq.item(), rel=1e-5)
 
 
 def test_turn_is_equals_turn_ppo_token_mean_when_adv_constant_per_turn():
@@ -348,7 +348,7 @@ def test_turn_is_equals_turn_ppo_token_mean_when_adv_constant_per_turn():
         cfg = {"ratio_mode": mode, "loss_agg_mode": "token-mean"}
         a, _ = policy_loss("turn_is", logp, old, adv, mask, config={"ratio_mode": mode})
         b, _ = policy_loss("turn_ppo", logp, old, adv, mask, config=cfg)
-        assert a.item() == pytest.approx(b.item(), rel=1e-6)
+        assert a.item() == pytest.approx(b.item(), rel=1e-5)  # float32: the two losses sum in different orders
 
 
 def test_corrections_equal_base_when_nothing_clipped():
