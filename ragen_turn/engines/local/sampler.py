@@ -123,17 +123,19 @@ class LocalSampler:
         if C > 0:
             from transformers import DynamicCache
 
+            any_hit = next(h for h in hits if h is not None)
             layers = []
-            for layer in range(len(next(h for h in hits if h is not None).layers)):
+            for layer in range(len(any_hit.layers)):
                 kv = []
-                for which in (0, 1):  # keys, values
+                for which in (0, 1):  # keys, values: [B, heads, C, d], each row's prefix right-aligned
+                    ref = any_hit.layers[layer][which]
                     rows = []
                     for h, c in zip(hits, c_len):
-                        src = h.layers[layer][which] if h is not None else None
-                        ref = src if src is not None else next(x for x in hits if x is not None).layers[layer][which]
-                        pad = ref.new_zeros(1, ref.shape[1], C - c, ref.shape[3])
-                        rows.append(pad if h is None else
-                                    torch.cat([pad, src[h.row:h.row + 1].index_select(2, h.slots.to(src.device))], 2))
+                        row = ref.new_zeros(1, ref.shape[1], C - c, ref.shape[3])  # left padding
+                        if h is not None:
+                            src = h.layers[layer][which][h.row:h.row + 1]
+                            row = torch.cat([row, src.index_select(2, h.slots.to(src.device))], dim=2)
+                        rows.append(row)
                     kv.append(torch.cat(rows, dim=0))
                 layers.append(tuple(kv))
             past = DynamicCache(ddp_cache_data=layers)

@@ -282,7 +282,7 @@ class StarPOTrainer:
         return sequence_logprobs(model, ids, am, pos, temperature=self.cfg.actor_rollout_ref.rollout.temperature or 1.0,
                                  token_mask=response_mask, **kw)
 
-    def critic_values(self, ids, am, pos, response_mask=None) -> torch.Tensor:
+    def critic_values(self, ids, am, pos) -> torch.Tensor:
         """Critic values in the engines' shared layout: ``[:, t]`` = V(state just before token t)."""
         return values_before_tokens(self.critic(ids, am, pos))
 
@@ -293,7 +293,8 @@ class StarPOTrainer:
             batch.ref_logp = self._forward_all(lambda *a: self.logprobs(self.ref, *a), batch)
         if self.critic is not None:
             self.critic.eval()
-            batch.values = self._forward_all(self.critic_values, batch) * batch.response_mask
+            batch.values = self._forward_all(lambda ids, am, pos, _: self.critic_values(ids, am, pos), batch) \
+                * batch.response_mask
             self.read_values(batch)
 
     def read_values(self, batch: Trajectory) -> None:
