@@ -126,6 +126,23 @@ def test_resume_after_kill_matches_uninterrupted_run(tmp_path):
         assert torch.allclose(p1, p2, atol=1e-6)
 
 
+def test_time_budget_ends_the_run_with_an_evaluated_checkpoint(tmp_path):
+    common = ["algo=turn_ppo", "trainer.test_freq=0", "trainer.save_freq=0", "trainer.total_training_steps=4"]
+    # a budget spent by the first step: that step becomes the final one (held-out eval + checkpoint)
+    tr = build_trainer(micro_config(common + ["trainer.time_budget_s=1e-6"], run_dir=tmp_path), log=_quiet)
+    tr.fit()
+    assert tr.step == 1
+    rows = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1]
+    assert "val/success" in rows[-1]
+    assert (tmp_path / "checkpoints" / "step_000001").is_dir()
+    # the steps left run on resume
+    resumed = build_trainer(micro_config(common + ["trainer.resume=true"], run_dir=tmp_path), log=_quiet)
+    assert resumed.step == 1
+    resumed.fit()
+    assert resumed.step == 4
+
+
 @pytest.mark.parametrize("override,key", [
     (["algo=grpo", "es_manager.train.group_size=1"], "group_size"),
     (["es_manager.train.env_configs.n_groups=[5]"], "n_groups"),
@@ -135,6 +152,7 @@ def test_resume_after_kill_matches_uninterrupted_run(tmp_path):
     (["custom_envs.SimpleSokoban.env_type=nope"], "env_type"),
     (["algorithm.gamma=1.5"], "gamma"),
     (["algo=turn_ppo", "critic.level=token"], "critic.level"),
+    (["trainer.time_budget_s=0"], "time_budget_s"),
 ])
 def test_bad_config_fails_before_work_naming_the_key(override, key, tmp_path):
     cfg = micro_config(override, run_dir=tmp_path)

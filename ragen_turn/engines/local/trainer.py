@@ -102,6 +102,9 @@ def validate_config(cfg: DictConfig) -> None:
             raise ValueError(f"algorithm.{k} must be in [0, 1], got {cfg.algorithm[k]}")
     if cfg.trainer.total_training_steps < 0:
         raise ValueError("trainer.total_training_steps must be >= 0")
+    budget = cfg.trainer.get("time_budget_s")
+    if budget is not None and not float(budget) > 0:
+        raise ValueError(f"trainer.time_budget_s must be null or > 0 seconds, got {budget}")
     if cfg.device not in ("auto", "cpu", "cuda") and not str(cfg.device).startswith("cuda:"):
         raise ValueError(f"device must be auto, cpu or cuda, got {cfg.device!r}")
     if str(cfg.device).startswith("cuda") and not torch.cuda.is_available():
@@ -466,6 +469,8 @@ class StarPOTrainer:
                  f"adv={self.cfg.algorithm.adv_estimator} critic={self.cfg.critic.level} device={self.device} "
                  f"batch={len(self.train_envs)} episodes, steps {self.step}->{total}, out={self.out_dir}")
         last: Dict[str, float] = {}
+        budget = cfg.get("time_budget_s")
+        started = time.time()
         if self.step == 0 and cfg.val_before_train:
             t = time.time()
             last = {"step": 0, **self.evaluate()}
@@ -477,6 +482,10 @@ class StarPOTrainer:
             self.step += 1
             metrics["step"] = self.step
             final = self.step == total
+            if budget is not None and not final and time.time() - started >= float(budget):
+                self.log(f"[ragen_turn] trainer.time_budget_s={budget} spent after step {self.step}: "
+                         f"final evaluation and checkpoint (resume with trainer.resume=true)")
+                final = True
             if (cfg.test_freq and self.step % cfg.test_freq == 0) or final:
                 t = time.time()
                 metrics.update(self.evaluate())
@@ -486,6 +495,8 @@ class StarPOTrainer:
             if (cfg.save_freq and self.step % cfg.save_freq == 0) or final:
                 self.save_checkpoint()
             last = metrics
+            if final:
+                break
         return last
 
     # -------------------------------------------------------------------------------- logging

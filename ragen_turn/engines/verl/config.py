@@ -93,6 +93,8 @@ def to_verl_config(cfg: DictConfig, model_path: Optional[str] = None) -> DictCon
         print("[ragen_turn] engine=verl: model.warmstart is not run on verl (start from a trained checkpoint)")
     if cfg.critic.level != "none" and cfg.critic.get("shared_backbone", False):
         raise ValueError("critic.shared_backbone=true runs on engine=local only: verl trains a separate critic model")
+    if cfg.trainer.get("time_budget_s") is not None:
+        raise ValueError("trainer.time_budget_s runs on engine=local only: on verl, set trainer.total_training_steps")
     v = cfg.engine.verl
     ar = cfg.actor_rollout_ref
     a, r = ar.actor, ar.rollout
