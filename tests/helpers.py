@@ -2,12 +2,17 @@
 from __future__ import annotations
 
 import functools
+import os
 import tempfile
 
 from ragen_turn.train import compose_config
 
 MICRO_MODEL = ["model.hidden_size=32", "model.num_hidden_layers=1", "model.num_attention_heads=2",
                "model.num_key_value_heads=1", "model.intermediate_size=64", "model.warmstart.enable=false"]
+
+
+# RAGEN_TURN_TEST_DEVICE=cuda runs the engine tests on a GPU (CI has none: cpu)
+TEST_DEVICE = os.environ.get("RAGEN_TURN_TEST_DEVICE", "cpu")
 
 
 def micro_config(overrides=(), run_dir=None):
@@ -18,7 +23,7 @@ def micro_config(overrides=(), run_dir=None):
         "es_manager.train.env_groups=2", "es_manager.train.group_size=2", "es_manager.val.env_groups=2",
         "agent_proxy.max_turn=2", "actor_rollout_ref.rollout.response_length=8", "ppo_mini_batch_size=2",
         "micro_batch_size_per_gpu=2", "trainer.total_training_steps=2", "trainer.test_freq=0", "trainer.save_freq=0",
-        "device=cpu",
+        f"device={TEST_DEVICE}",
     ]
     if run_dir is None:  # never the repo's runs/: a trainer built here writes config.yaml and resets metrics.jsonl
         run_dir = tempfile.mkdtemp(prefix="ragen_turn_test_run_")
