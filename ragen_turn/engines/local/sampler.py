@@ -73,6 +73,7 @@ class LocalSampler:
         self._stop_ids_t = torch.tensor(sorted(self.stop_ids), dtype=torch.long)
         self.prefix_cache = bool(prefix_cache)
         self._cached: List[_CachedRow] = []
+        self._sample_gen = generator
         self.cached_tokens_reused = 0  # prompt tokens not prefilled again thanks to the cache (running total)
 
     def reset_cache(self) -> None:
@@ -84,11 +85,20 @@ class LocalSampler:
         if not prompts:
             return []
         mb = self.micro_batch_size or len(prompts)
+        self._sample_gen = self._device_generator()
         previous, self._cached = self._cached, []
         out: List[List[int]] = []
         for i in range(0, len(prompts), mb):
             out.extend(self._generate(prompts[i:i + mb], max_new_tokens, previous))
         return out
+
+    def _device_generator(self) -> Optional[torch.Generator]:
+        """The generator ``_sample`` draws from. Sampling runs on the model's device; a CPU generator (the one the
+        trainer checkpoints) seeds a fresh one there per call, so seeded runs repeat on a GPU too."""
+        if self.generator is None or self.generator.device == self.device:
+            return self.generator
+        seed = int(torch.randint(0, 2 ** 62, (1,), generator=self.generator))
+        return torch.Generator(device=self.device).manual_seed(seed)
 
     def _find_prefix(self, prompt: List[int], previous: List[_CachedRow]) -> Optional[_CachedRow]:
         best = None
@@ -170,8 +180,7 @@ class LocalSampler:
             drop = cum - sorted_p > self.top_p  # keep the smallest prefix reaching top_p
             sorted_p = sorted_p.masked_fill(drop, 0.0)
             probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
-        gen = self.generator if (self.generator is not None and self.generator.device == probs.device) else None
-        return torch.multinomial(probs, 1, generator=gen).squeeze(-1)
+        return torch.multinomial(probs, 1, generator=self._sample_gen).squeeze(-1)
 
     def _generate(self, prompts: List[List[int]], max_new_tokens: int,
                   previous: Sequence[_CachedRow] = ()) -> List[List[int]]:

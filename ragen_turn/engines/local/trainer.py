@@ -215,6 +215,10 @@ class StarPOTrainer:
             self.critic = CriticModel.on_shared_backbone(self.actor)
         elif cfg.critic.level != "none":
             self.critic = CriticModel.from_causal_lm(self.actor).to(self.device)
+        if cfg.engine.get("gradient_checkpointing", False):  # recompute each layer in backward: memory for time
+            for m in (self.actor, None if self.shared_critic else self.critic):
+                if m is not None:
+                    m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         a, c = cfg.actor_rollout_ref.actor, cfg.critic
         groups = [{"params": list(self.actor.parameters())}]
         if self.shared_critic:  # the head keeps the critic's lr and weight decay
