@@ -10,6 +10,11 @@
 - update: one rollout batch of the default Sokoban setting, then the full PPO update (critic +
   actor) with ``turn_ppo`` and with ``token_ppo`` on the same tokens; tokens per second and the
   ratio of the two step times (target turn / token <= 1.10).
+- checkpointing: the same ``turn_ppo`` update with ``engine.gradient_checkpointing`` off and on: step
+  time and, on a GPU, the peak memory allocated during the update.
+
+``--device cuda`` runs it all on a GPU; ``--set KEY=VALUE`` (repeatable) adds Hydra overrides, e.g.
+``--set model.hidden_size=512 --set micro_batch_size_per_gpu=64``.
 """
 from __future__ import annotations
 
@@ -81,31 +86,67 @@ def bench_rollout(trainer, repeats: int) -> None:
     print(f"rollout time fresh prefill / prefix cache: {times[False] / times[True]:.2f}x")
 
 
-def bench_update(model: str, repeats: int) -> None:
+def base_overrides(a) -> list:
+    out = ["model.warmstart.enable=false", f"device={a.device}", "trainer.default_local_dir=/tmp/ragen_turn_bench_local",
+           "trainer.overwrite=true"]
+    if a.model != "tiny":
+        out.append(f"model={a.model}")
+    return out + list(a.set)
+
+
+def bench_update(a) -> None:
     times = {}
     tokens = 0
     batch = None
     for algo in ("turn_ppo", "token_ppo"):
-        overrides = [f"algo={algo}", "model.warmstart.enable=false", "device=cpu",
-                     "trainer.default_local_dir=/tmp/ragen_turn_bench_local"]
-        if model != "tiny":
-            overrides += [f"model={model}"]
-        tr = build_trainer(compose_config(overrides), log=lambda *a: None)
+        tr = build_trainer(compose_config(base_overrides(a) + [f"algo={algo}"]), log=lambda *a: None)
         if batch is None:
             batch = tr.rollout(0)
             tokens = int(batch.attention_mask.sum())
         ts = []
-        for _ in range(repeats):
+        for i in range(a.repeats + 1):  # the first pass warms up (allocator, kernels) and is not timed
             b = batch.select(torch.arange(batch.batch_size))
             t = time.perf_counter()
             tr.score(b)
             tr.compute_advantages(b)
             tr.update(b)
-            ts.append(time.perf_counter() - t)
+            if str(a.device).startswith("cuda"):
+                torch.cuda.synchronize()
+            if i > 0:
+                ts.append(time.perf_counter() - t)
         times[algo] = statistics.median(ts)
         print(f"update    {algo:9s}: {times[algo]:.2f} s per step (score + advantages + critic + actor), "
               f"{tokens / times[algo]:.0f} tok/s over {batch.batch_size} episodes, {tokens} tokens")
     print(f"step time turn_ppo / token_ppo: {times['turn_ppo'] / times['token_ppo']:.3f} (target <= 1.10)")
+
+
+def bench_checkpointing(a) -> None:
+    batch, res = None, {}
+    cuda = str(a.device).startswith("cuda")
+    for gc in (False, True):
+        tr = build_trainer(compose_config(base_overrides(a) + ["algo=turn_ppo", f"engine.gradient_checkpointing={gc}"]),
+                           log=lambda *a: None)
+        if batch is None:
+            batch = tr.rollout(0)
+        b = batch.select(torch.arange(batch.batch_size))
+        tr.score(b)
+        tr.compute_advantages(b)
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+        t = time.perf_counter()
+        tr.update(b)
+        if cuda:
+            torch.cuda.synchronize()
+        res[gc] = (time.perf_counter() - t, (torch.cuda.max_memory_allocated() - base) / 2 ** 30 if cuda else None)
+        mem = f", peak {res[gc][1]:.2f} GiB above the weights" if cuda else ""
+        print(f"checkpointing {'on ' if gc else 'off'}: update {res[gc][0]:.2f} s{mem}")
+        del tr
+        if cuda:
+            torch.cuda.empty_cache()
+    ratio = f", memory on / off {res[True][1] / res[False][1]:.2f}" if cuda else ""
+    print(f"checkpointing: update time on / off {res[True][0] / res[False][0]:.2f}{ratio}")
 
 
 def main() -> None:
@@ -114,17 +155,24 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--new-tokens", type=int, default=32)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="extra Hydra override")
+    p.add_argument("--only", default="sampling,rollout,update,checkpointing")
     a = p.parse_args()
     quiet_transformers()
-    overrides = ["model.warmstart.enable=false", "device=cpu", "trainer.default_local_dir=/tmp/ragen_turn_bench_local"]
-    if a.model != "tiny":
-        overrides.append(f"model={a.model}")
-    tr = build_trainer(compose_config(overrides), log=lambda *a: None)
+    only = set(a.only.split(","))
+    tr = build_trainer(compose_config(base_overrides(a)), log=lambda *a: None)
     print(f"model {a.model}: {sum(p.numel() for p in tr.actor.parameters()) / 1e6:.1f}M parameters, "
           f"torch {torch.__version__}, {torch.get_num_threads()} threads")
-    bench_sampling(tr, a.batch, a.new_tokens)
-    bench_rollout(tr, a.repeats)
-    bench_update(a.model, a.repeats)
+    if "sampling" in only:
+        bench_sampling(tr, a.batch, a.new_tokens)
+    if "rollout" in only:
+        bench_rollout(tr, a.repeats)
+    del tr
+    if "update" in only:
+        bench_update(a)
+    if "checkpointing" in only:
+        bench_checkpointing(a)
 
 
 if __name__ == "__main__":
