@@ -368,6 +368,8 @@ def test_config_mapping_errors_name_the_key(model_dir):
         verl_cfg(model_dir, "engine.verl.rollout_name=hf")
     with pytest.raises(ValueError, match="shared_backbone"):
         verl_cfg(model_dir, "algo=turn_ppo", "critic.shared_backbone=true")
+    with pytest.raises(ValueError, match="time_budget_s"):
+        verl_cfg(model_dir, "trainer.time_budget_s=60")
 
 
 @needs_verl
