@@ -532,7 +532,8 @@ class StarPOTrainer:
         if "env/reward" in m:
             parts += [f"reward {f('env/reward')}", f"success {f('env/success')}",
                       f"clip_tok {f('actor/clip_frac_token')}", f"clip_turn {f('actor/clip_frac_turn')}",
-                      f"kl {f('actor/approx_kl', '{:.4f}')}", f"vloss {f('critic/value_loss')}",
+                      f"kl {f('actor/approx_kl', '{:.4f}')}", f"ent {f('actor/entropy')}",
+                      f"vloss {f('critic/value_loss')}",
                       f"tok/s {f('perf/tokens_per_s', '{:.0f}')}", f"{f('perf/step_s', '{:.1f}')}s"]
         if "val/success" in m:
             parts += [f"| val success {f('val/success')} reward {f('val/reward')} invalid "
