@@ -94,6 +94,19 @@ def base_overrides(a) -> list:
     return out + list(a.set)
 
 
+def scored(tr, batch):
+    """A fresh copy of ``batch`` with old log-probs, values and advantages from ``tr``: ready for ``tr.update``."""
+    b = batch.select(torch.arange(batch.batch_size))
+    tr.score(b)
+    tr.compute_advantages(b)
+    return b
+
+
+def sync(device: str) -> None:
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize()
+
+
 def bench_update(a) -> None:
     times = {}
     tokens = 0
@@ -105,13 +118,9 @@ def bench_update(a) -> None:
             tokens = int(batch.attention_mask.sum())
         ts = []
         for i in range(a.repeats + 1):  # the first pass warms up (allocator, kernels) and is not timed
-            b = batch.select(torch.arange(batch.batch_size))
             t = time.perf_counter()
-            tr.score(b)
-            tr.compute_advantages(b)
-            tr.update(b)
-            if str(a.device).startswith("cuda"):
-                torch.cuda.synchronize()
+            tr.update(scored(tr, batch))
+            sync(a.device)
             if i > 0:
                 ts.append(time.perf_counter() - t)
         times[algo] = statistics.median(ts)
@@ -128,19 +137,17 @@ def bench_checkpointing(a) -> None:
                            log=lambda *a: None)
         if batch is None:
             batch = tr.rollout(0)
-        b = batch.select(torch.arange(batch.batch_size))
-        tr.score(b)
-        tr.compute_advantages(b)
+        b = scored(tr, batch)
+        sync(a.device)
         if cuda:
-            torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
             base = torch.cuda.memory_allocated()
         t = time.perf_counter()
         tr.update(b)
-        if cuda:
-            torch.cuda.synchronize()
+        sync(a.device)
         res[gc] = (time.perf_counter() - t, (torch.cuda.max_memory_allocated() - base) / 2 ** 30 if cuda else None)
-        mem = f", peak {res[gc][1]:.2f} GiB above the weights" if cuda else ""
+        # above what was allocated before the update (weights); gradients and AdamW's state are created in it
+        mem = f", peak {res[gc][1]:.2f} GiB above the weights (incl. gradients, optimizer state)" if cuda else ""
         print(f"checkpointing {'on ' if gc else 'off'}: update {res[gc][0]:.2f} s{mem}")
         del tr
         if cuda:
