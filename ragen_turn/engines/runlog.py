@@ -1,0 +1,92 @@
+"""What a run logs, the same for both engines: episode metrics, the progress line, ``metrics.jsonl``.
+
+``metrics.jsonl`` holds one JSON object per logged step (non-finite numbers as ``null``). A resumed
+run keeps the lines up to its checkpoint's step and drops the rest (:func:`truncate_metrics`), so
+the log never holds two lines for one step.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Dict, Mapping, Optional
+
+import numpy as np
+import torch
+
+from ragen_turn.rollout import Trajectory
+
+
+def episode_metrics(batch: Trajectory, prefix: str = "env") -> Dict[str, float]:
+    """Means over the batch's episodes: success, reward, turns, actions, invalid/format rates, response tokens."""
+    eps = batch.episodes
+    n_actions = sum(e.num_actions for e in eps)
+    n_turns = sum(e.num_turns for e in eps)
+    return {
+        f"{prefix}/success": float(np.mean([e.success for e in eps])),
+        f"{prefix}/reward": float(np.mean([e.total_reward for e in eps])),
+        f"{prefix}/turns": float(np.mean([e.num_turns for e in eps])),
+        f"{prefix}/actions": float(np.mean([e.num_actions for e in eps])),
+        f"{prefix}/invalid_action_rate": 1.0 - sum(e.num_valid_actions for e in eps) / max(n_actions, 1),
+        f"{prefix}/format_error_rate": sum(e.format_errors for e in eps) / max(n_turns, 1),
+        f"{prefix}/truncated": float(np.mean([e.truncated for e in eps])),
+        f"{prefix}/response_tokens": float(batch.response_mask.sum(dim=1).mean()),
+    }
+
+
+def run_header(cfg: Any, trainer: str, start: int, n_episodes: int, out_dir: Any, device: Optional[Any] = None) -> str:
+    """The line a run prints before its first step: trainer, algorithm, batch, steps, output directory."""
+    dev = f" device={device}" if device is not None else ""
+    return (f"[ragen_turn] {cfg.trainer.experiment_name}: {trainer}, algo={cfg.algo.name} "
+            f"loss={cfg.actor_rollout_ref.actor.policy_loss.loss_mode} adv={cfg.algorithm.adv_estimator} "
+            f"critic={cfg.critic.level}{dev} batch={n_episodes} episodes, "
+            f"steps {start}->{cfg.trainer.total_training_steps}, out={out_dir}")
+
+
+def progress_line(m: Mapping[str, Any]) -> str:
+    """One line per step: reward, success, clip fractions, KL, entropy, value loss, speed; held-out scores."""
+    def f(key, fmt="{:.3f}"):
+        v = m.get(key)
+        return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else fmt.format(v)
+
+    parts = [f"step {int(m.get('step', 0)):4d}"]
+    if "env/reward" in m:
+        parts += [f"reward {f('env/reward')}", f"success {f('env/success')}",
+                  f"clip_tok {f('actor/clip_frac_token')}", f"clip_turn {f('actor/clip_frac_turn')}",
+                  f"kl {f('actor/approx_kl', '{:.4f}')}", f"ent {f('actor/entropy')}",
+                  f"vloss {f('critic/value_loss')}",
+                  f"tok/s {f('perf/tokens_per_s', '{:.0f}')}", f"{f('perf/step_s', '{:.1f}')}s"]
+    if "val/success" in m:
+        parts += [f"| val success {f('val/success')} reward {f('val/reward')} invalid "
+                  f"{f('val/invalid_action_rate')}"]
+    return "  ".join(parts)
+
+
+def jsonable(v: Any) -> Any:
+    """A metric value as JSON: numpy / one-element tensors as Python numbers, non-finite floats as None."""
+    if isinstance(v, np.generic):
+        v = v.item()
+    if isinstance(v, torch.Tensor) and v.numel() == 1:
+        v = v.item()
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v if isinstance(v, (int, float, str, bool, type(None))) else str(v)
+
+
+def append_metrics(path: Path, metrics: Mapping[str, Any]) -> None:
+    """Append one line (keys sorted) to ``metrics.jsonl``."""
+    clean = {k: jsonable(v) for k, v in metrics.items()}
+    with open(path, "a") as f:
+        f.write(json.dumps(clean, sort_keys=True) + "\n")
+
+
+def truncate_metrics(path: Path, step: int) -> None:
+    """Resume rule: keep the lines of steps ``<= step`` (the checkpoint's); ``step == 0`` (a fresh run) removes the log."""
+    path = Path(path)
+    if not path.exists():
+        return
+    if step <= 0:
+        path.unlink()
+        return
+    lines = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln).get("step", 0) <= step]
+    path.write_text("".join(ln + "\n" for ln in lines))
