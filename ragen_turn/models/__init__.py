@@ -21,7 +21,6 @@ Every tokenizer returned has a pad token and `padding_side="left"`; the model's 
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -31,6 +30,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Mapping
 
+from .hf import dtype_name, quiet_hf, torch_dtype
 from .smollm2 import INSTALL_HINT as SMOLLM2_INSTALL_HINT, ModelNotAvailableError
 from .value_head import CriticModel, logprobs_and_hidden, positions_from_mask, sequence_logprobs
 
@@ -57,39 +57,6 @@ def _get(cfg: Mapping[str, Any] | None, key: str, default: Any = None) -> Any:
     return default if value is None else value
 
 
-def _dtype_name(dtype: Any) -> str:
-    """Normalise a dtype given as a string or torch.dtype: float32 | bfloat16 | float16 | auto."""
-    name = str(dtype).replace("torch.", "").lower()
-    aliases = {"fp32": "float32", "float": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
-    name = aliases.get(name, name)
-    if name not in ("float32", "bfloat16", "float16", "auto"):
-        raise ValueError(f"dtype must be one of float32, bfloat16, float16, auto; got {dtype!r}")
-    return name
-
-
-def _torch_dtype(dtype: Any):
-    import torch
-
-    name = _dtype_name(dtype)
-    return "auto" if name == "auto" else getattr(torch, name)
-
-
-@contextlib.contextmanager
-def _quiet_hf():
-    """Silence transformers' info logs and progress bars ("Loading weights ...") for the duration."""
-    from transformers.utils import logging as hf_logging
-
-    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        hf_logging.set_verbosity(verbosity)
-        if bars:
-            hf_logging.enable_progress_bar()
-
-
 def _share_permissions(root: Path) -> None:
     """mkdtemp makes 0700 directories and some writers 0600 files; give the cache the usual umask permissions."""
     umask = os.umask(0)
@@ -114,7 +81,7 @@ def _build_once(final_dir: Path, build, meta: dict[str, Any]) -> Path:
     final_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final_dir.name}.tmp-", dir=final_dir.parent))
     try:
-        with _quiet_hf():
+        with quiet_hf():
             build(tmp)
         (tmp / MARKER_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
         _share_permissions(tmp)
@@ -161,7 +128,7 @@ def _tiny_dir(model_cfg: Mapping[str, Any] | None) -> Path:
 def _smollm2_dir(model_cfg: Mapping[str, Any] | None, dtype: str) -> Path:
     from . import smollm2
 
-    store = "bfloat16" if _dtype_name(dtype) == "bfloat16" else "float32"
+    store = "bfloat16" if dtype_name(dtype) == "bfloat16" else "float32"
     final_dir = default_cache_root(model_cfg) / f"smollm2-135m-{store}"
     if (final_dir / MARKER_FILE).is_file():
         return final_dir
@@ -220,9 +187,9 @@ def load_hf(path: str | Path, device: Any = "cpu", dtype: Any = "float32"):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = Path(path)
-    with _quiet_hf():
+    with quiet_hf():
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=_torch_dtype(dtype), local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(dtype), local_files_only=True)
     _ensure_pad(tokenizer)
     model.config.pad_token_id = tokenizer.pad_token_id
     gen = getattr(model, "generation_config", None)
@@ -257,7 +224,7 @@ def export_model(name: str, dest: str | Path, dtype: Any = "float32", model_cfg:
     cfg = dict(model_cfg or {})
     cfg["name"] = name
     cfg.pop("path", None)
-    dtype = _dtype_name(dtype)
+    dtype = dtype_name(dtype)
     src = resolve_model_path(cfg, dtype=dtype)
     stored = json.loads((src / MARKER_FILE).read_text()).get("dtype", "float32")
     dest.mkdir(parents=True, exist_ok=True)
@@ -265,7 +232,7 @@ def export_model(name: str, dest: str | Path, dtype: Any = "float32", model_cfg:
         shutil.copytree(src, dest, dirs_exist_ok=True)
     else:
         model, tokenizer = load_hf(src, dtype=dtype)
-        with _quiet_hf():
+        with quiet_hf():
             model.save_pretrained(dest)
             tokenizer.save_pretrained(dest)
         meta = json.loads((src / MARKER_FILE).read_text())

@@ -49,12 +49,12 @@ def convert(dest: str | Path, dtype: str = "float32") -> Path:
             "pip install gguf accelerate")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from . import _quiet_hf
+    from .hf import quiet_hf
 
     print(f"[ragen_turn.models] converting {gguf_path.name} to a Hugging Face directory ({dtype}); "
           "this happens once and takes about 20-30 s on CPU", file=sys.stderr, flush=True)
     store_dtype = torch.bfloat16 if str(dtype).replace("torch.", "") in ("bfloat16", "bf16") else torch.float32
-    with _quiet_hf():
+    with quiet_hf():
         tok = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, local_files_only=True)
         model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name,
                                                      dtype=torch.float32, local_files_only=True)
@@ -73,7 +73,7 @@ def convert(dest: str | Path, dtype: str = "float32") -> Path:
     model = model.to(store_dtype)
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
-    with _quiet_hf():
+    with quiet_hf():
         model.save_pretrained(dest)
         tok.save_pretrained(dest)
     return dest

@@ -120,8 +120,8 @@ class CriticModel(torch.nn.Module):
         load_dir = Path(load_dir)
         kwargs = {"local_files_only": True}
         if dtype is not None:
-            from . import _torch_dtype
-            kwargs["dtype"] = _torch_dtype(dtype)
+            from .hf import torch_dtype
+            kwargs["dtype"] = torch_dtype(dtype)
         backbone = AutoModel.from_pretrained(load_dir, **kwargs)
         meta = json.loads((load_dir / CRITIC_CONFIG_FILE).read_text()) if (load_dir / CRITIC_CONFIG_FILE).is_file() \
             else {}
