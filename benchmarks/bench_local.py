@@ -66,8 +66,7 @@ def bench_sampling(trainer, batch: int, new_tokens: int) -> None:
 def bench_rollout(trainer, repeats: int) -> None:
     """One multi-turn rollout batch (the config's env groups x group size), fresh prefill every turn
     vs the prefix cache (same seeds, same generator seed); wall time and the ratio."""
-    from ragen_turn.engines.local.trainer import context_config
-    from ragen_turn.rollout import ChatFormatter, run_episodes
+    from ragen_turn.rollout import context_config, run_episodes
 
     times = {}
     for cached in (False, True):

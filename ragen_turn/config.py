@@ -58,7 +58,8 @@ def validate_config(cfg: DictConfig) -> None:
         raise ValueError(f"algo.trainer must be one of {list(TRAINER_NAMES)}, got {trainer!r}")
     if (trainer == "turn") != (adv == "turn_gae"):
         raise ValueError(f"algo.trainer={trainer} with algorithm.adv_estimator={adv}: the turn trainer is the turn "
-                         "critic + turn GAE (adv_estimator=turn_gae); every other estimator runs on algo.trainer=starpo")
+                         "critic + turn GAE (adv_estimator=turn_gae); every other estimator runs on "
+                         "algo.trainer=starpo")
     if cfg.critic.shared_backbone and level != "none" and \
             cfg.critic.ppo_epochs != cfg.actor_rollout_ref.actor.ppo_epochs:
         raise ValueError(f"critic.shared_backbone=true trains the critic inside the actor's update: critic.ppo_epochs="

@@ -43,7 +43,9 @@ def format_table(metrics: dict, title: str) -> str:
 def evaluate_checkpoint(cfg: DictConfig) -> dict:
     import torch
 
-    from ragen_turn.engines.local.trainer import evaluate_policy, pick_device, validate_config
+    from ragen_turn.config import validate_config
+    from ragen_turn.engines.local.trainer import evaluate_policy
+    from ragen_turn.engines.runtime import pick_device
     from ragen_turn.models import load_model_and_tokenizer
     from ragen_turn.rollout import EnvGroupManager
 

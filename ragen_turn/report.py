@@ -575,7 +575,7 @@ def list_jobs(overrides: Sequence[str], validate: bool = True) -> int:
     check = None
     if validate:
         try:
-            from ragen_turn.engines.local.trainer import validate_config as check
+            from ragen_turn.config import validate_config as check
         except Exception as e:  # noqa: BLE001 - torch missing etc.: list without checking
             print(f"(configs not checked: {e})")
     dirs: Dict[str, int] = {}

@@ -23,7 +23,15 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from ragen_turn.models import default_cache_root, sequence_logprobs
-from ragen_turn.rollout import ChatFormatter, EnvGroupManager, EnvSlot, TextPolicy, Trajectory, run_episodes
+from ragen_turn.rollout import (
+    ChatFormatter,
+    EnvGroupManager,
+    EnvSlot,
+    TextPolicy,
+    Trajectory,
+    context_config,
+    run_episodes,
+)
 
 WARMSTART_VERSION = 1
 
@@ -61,8 +69,6 @@ def demo_responder(cfg: DictConfig, seed: int):
 
 def collect_demonstrations(cfg: DictConfig, tokenizer: Any, n_episodes: int, seed: int) -> Trajectory:
     """Solver rollouts on train-range seeds (never the held-out val seeds)."""
-    from ragen_turn.engines.local.trainer import context_config
-
     split = OmegaConf.to_container(cfg.es_manager.train, resolve=True)
     tags = split["env_configs"]["tags"]
     n = max(1, n_episodes // len(tags))
@@ -140,7 +146,7 @@ def warmstart(model: torch.nn.Module, tokenizer: Any, cfg: DictConfig, log=print
     """Return ``model`` after SFT on demonstrations, loading the cached result when it exists."""
     from transformers import AutoModelForCausalLM
 
-    from ragen_turn.engines.local.trainer import pick_device
+    from ragen_turn.engines.runtime import pick_device
 
     path = cache_dir(cfg, tokenizer)
     if (path / "warmstart.json").is_file():

@@ -8,7 +8,8 @@ import pytest
 import torch
 from omegaconf import open_dict
 
-from ragen_turn.engines.local.trainer import StarPOTrainer, TurnPPOTrainer, build_trainer, validate_config
+from ragen_turn.config import validate_config
+from ragen_turn.engines.local.trainer import StarPOTrainer, TurnPPOTrainer, build_trainer
 
 from helpers import TEST_DEVICE, micro_config
 
@@ -63,6 +64,7 @@ def test_turn_critic_reads_values_at_turn_starts(tmp_path):
     tr = build_trainer(cfg, log=_quiet)
     batch = tr.rollout(0)
     tr.score(batch)
+    tr.compute_advantages(batch)  # also the turn critic's targets: V(s_h) and return_h [B, H]
     # V(s_h) must be the critic's output at the last token of s_h (one before the turn's first token)
     raw = tr._forward_all(lambda ids, am, pos, rm: tr.critic(ids, am, pos), batch)
     for b in range(batch.batch_size):
@@ -304,8 +306,7 @@ def test_prefix_cache_gives_the_same_episodes_as_fresh_prefills(temperature, mic
     """Reusing keys/values across turns (rows matched by prefix, chunks of ``micro`` rows, rows
     finishing at different turns) samples exactly what a fresh prefill every turn samples."""
     from ragen_turn.engines.local.sampler import LocalSampler
-    from ragen_turn.engines.local.trainer import context_config
-    from ragen_turn.rollout import ChatFormatter, EnvGroupManager, run_episodes
+    from ragen_turn.rollout import ChatFormatter, context_config, run_episodes
 
     cfg = micro_config(["agent_proxy.max_turn=4", "actor_rollout_ref.rollout.response_length=12",
                         "es_manager.train.env_groups=3", "es_manager.train.group_size=2"])

@@ -59,7 +59,7 @@ def test_scripted_solver_rollout_reaches_success_one():
     cfg = micro_config(["custom_envs.SimpleSokoban.max_actions_per_traj=100", "agent_proxy.max_turn=10", "actor_rollout_ref.rollout.response_length=16",
                         "es_manager.train.env_groups=12", "es_manager.train.group_size=1"])
     tok = tiny_tokenizer()
-    from ragen_turn.engines.local.trainer import context_config
+    from ragen_turn.rollout import context_config
 
     envs = EnvGroupManager(cfg.custom_envs, cfg.es_manager.train, "train")
     eps = run_episodes(envs.assign_seeds(0, 0), _solver_policy(tok), ChatFormatter(tok), context_config(cfg))
@@ -82,7 +82,7 @@ def test_scripted_solver_rollout_reaches_success_one():
 def test_malformed_responses_are_penalised_not_crashes():
     cfg = micro_config(["agent_proxy.max_turn=3"])
     tok = tiny_tokenizer()
-    from ragen_turn.engines.local.trainer import context_config
+    from ragen_turn.rollout import context_config
 
     junk = iter(["jump!!", "<answer>dance || Up</answer>", "\u00e9\u00e8 " * 50])
     envs = EnvGroupManager(cfg.custom_envs, {"env_groups": 1, "group_size": 1,
@@ -112,7 +112,7 @@ def test_throttled_log_drops_lines_within_the_interval(monkeypatch):
 def test_context_limit_truncates_episode():
     cfg = micro_config(["agent_proxy.max_turn=5", "agent_proxy.max_context_tokens=160"])
     tok = tiny_tokenizer()
-    from ragen_turn.engines.local.trainer import context_config
+    from ragen_turn.rollout import context_config
 
     envs = EnvGroupManager(cfg.custom_envs, cfg.es_manager.train, "train")
     policy = TextPolicy(tok, lambda slot: "<answer>Up</answer>")

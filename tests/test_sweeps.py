@@ -76,7 +76,7 @@ def _compose_jobs(jobs):
 
 @pytest.mark.parametrize("name", sorted(SWEEPS))
 def test_sweep_expands_to_distinct_valid_jobs(name):
-    from ragen_turn.engines.local.trainer import validate_config
+    from ragen_turn.config import validate_config
 
     overrides, n_jobs = SWEEPS[name]
     jobs = _jobs(*overrides)
@@ -161,7 +161,7 @@ def _paper(name, *extra):
 
 @pytest.mark.parametrize("name", PAPERS)
 def test_paper_config_has_the_spec_values(name):
-    from ragen_turn.engines.local.trainer import validate_config
+    from ragen_turn.config import validate_config
 
     cfg = _paper(name)
     a = cfg.actor_rollout_ref.actor

@@ -476,7 +476,7 @@ def _run_samples(vcfg, batch):
 @needs_verl
 def test_agent_loop_layout_on_a_scripted_generator(model_dir):
     from ragen_turn.engines.verl.trainer import to_trajectory
-    from ragen_turn.engines.local.trainer import context_config
+    from ragen_turn.rollout import context_config
 
     _, vcfg = verl_cfg(model_dir, "agent_proxy.max_turn=3", "actor_rollout_ref.rollout.response_length=12")
     out, server, tok = _play(vcfg)
@@ -532,8 +532,7 @@ def test_agent_loop_layout_on_a_scripted_generator(model_dir):
 def test_agent_loop_matches_the_local_rollout(model_dir):
     """Same seeds and scripted responses: the verl layout holds the same tokens, masks and rewards as the
     local engine's run_episodes (prompt + responses, unpadded, == the local token row)."""
-    from ragen_turn.engines.local.trainer import context_config
-    from ragen_turn.rollout import ChatFormatter, EnvGroupManager, TextPolicy, run_episodes
+    from ragen_turn.rollout import ChatFormatter, EnvGroupManager, TextPolicy, context_config, run_episodes
 
     _, vcfg = verl_cfg(model_dir, "agent_proxy.max_turn=3", "actor_rollout_ref.rollout.response_length=12")
     out, _, tok = _play(vcfg)
@@ -578,8 +577,8 @@ def test_trainer_classes_subclass_verls_ray_ppo_trainer():
     from ragen_turn.engines.verl.trainer import TRAINERS, StarPOTrainer, TurnPPOTrainer
 
     assert issubclass(StarPOTrainer, RayPPOTrainer) and issubclass(TurnPPOTrainer, StarPOTrainer)
-    assert TurnPPOTrainer.advantage_fn is common.compute_turn_advantages
-    assert StarPOTrainer.advantage_fn is common.compute_starpo_advantages and set(TRAINERS) == {"starpo", "turn"}
+    assert TurnPPOTrainer.critic_targets is common.turn_critic_targets
+    assert StarPOTrainer.critic_targets is not common.turn_critic_targets and set(TRAINERS) == {"starpo", "turn"}
 
 
 @needs_verl
@@ -622,6 +621,7 @@ def test_minibatch_turn_counts_follow_verls_dispatch_and_minibatching():
 @pytest.mark.parametrize("algo", ["turn_ppo", "token_ppo", "grpo"])
 def test_verl_advantages_equal_the_local_engines(model_dir, algo):
     """Advantages on the verl layout (response coordinates) == the local engine's on its own layout."""
+    from ragen_turn.engines import common
     from ragen_turn.engines.verl.trainer import TRAINERS, critic_batch, to_trajectory
     from ragen_turn.rollout import Trajectory
     from ragen_turn.rollout.trajectory import Episode
@@ -659,8 +659,8 @@ def test_verl_advantages_equal_the_local_engines(model_dir, algo):
         r_len = int(out.batch["attention_mask"][i][P:].sum())
         full.values[i, p_len: p_len + r_len] = values[i, :r_len]
     full.values = full.values * full.response_mask
-    cls.read_values(full, cfg)  # the same functions on the local engine's full-row layout
-    cls.advantage_fn(full, cfg)
+    common.compute_advantages(full, cfg)  # the same functions on the local engine's full-row layout
+    cls.critic_targets(full)
     for i in range(B):
         p_len = int(out.batch["attention_mask"][i][:P].sum())
         r_len = int(out.batch["attention_mask"][i][P:].sum())

@@ -1,20 +1,26 @@
 """The algorithm core: pure torch, no engine or environment imports.
 
 - :mod:`.turns`: response mask -> turn ids, turn boundaries, gather/scatter per turn.
-- :mod:`.advantages`: ``grpo``, ``token_gae``, ``turn_gae``, ``bi_level_gae`` (registry by name).
+- :mod:`.advantages`: ``grpo``, ``token_gae``, ``turn_gae``, ``bi_level_gae`` (registry by name, one
+  keyword signature: ``get_adv_estimator_fn(name)(turn_rewards=, turn_mask=, turn_ids=, response_mask=,
+  group_ids=, values=, config=) -> (advantages, returns)``).
 - :mod:`.losses`: ``token_ppo``, ``turn_ppo``, ``turn_ppo_geo``, ``turn_is``, ``s_ppo``, ``st_ppo``
   (registry by name, verl's argument order), ``value_loss``, ``kl_penalty``.
 """
 from .advantages import (
     ADV_ESTIMATOR_REGISTRY,
+    bi_level_gae_advantage,
     compute_bi_level_gae,
     compute_grpo_advantages,
     compute_token_gae,
     compute_turn_gae,
     discounted_reverse_cumsum,
     get_adv_estimator_fn,
+    grpo_advantage,
     masked_whiten,
     register_adv_est,
+    token_gae_advantage,
+    turn_gae_advantage,
 )
 from .losses import (
     POLICY_LOSS_REGISTRY,

@@ -1,22 +1,33 @@
 """Advantage estimators: GRPO, token-level GAE, turn-level GAE (Turn-PPO), RAGEN's bi-level GAE.
 
-Registered by name like verl's ``register_adv_est`` / ``get_adv_estimator_fn``. All functions are
-pure, run under ``torch.no_grad`` and are vectorised over the batch; recurrences over time are
-done with a blocked discounted reverse cumulative sum (matrix products), not a Python loop over
-tokens. Shapes: ``B`` rows, ``T`` tokens, ``H`` turns.
+The maths (``compute_*``) takes each estimator's own inputs. The registry (like verl's
+``register_adv_est`` / ``get_adv_estimator_fn``) holds one adapter per name, all with one keyword
+signature, so a trainer dispatches with ``get_adv_estimator_fn(name)(**inputs)``::
+
+    advantages, returns = fn(turn_rewards=[B, H], turn_mask=[B, H], turn_ids=[B, T], response_mask=[B, T],
+                             group_ids=[B], values=[B, T] or None, config=algorithm config)
+
+All functions are pure, run under ``torch.no_grad`` and are vectorised over the batch; recurrences
+over time are done with a blocked discounted reverse cumulative sum (matrix products), not a
+Python loop over tokens. Shapes: ``B`` rows, ``T`` tokens, ``H`` turns.
 """
 from __future__ import annotations
 
 import torch
 
+from typing import Any, Optional
+
 from .checks import check_finite, check_mask, check_ndim, check_same_shape, check_unit_interval
+from .losses import cfg_get
 from .registry import Registry
 from .turns import (
     compact_rows,
     place_turn_rewards,
+    scatter_turns,
     turn_boundaries,
     turn_ids_from_mask,
     turn_mask_from_ids,
+    turn_start_values,
     uncompact_rows,
 )
 
@@ -91,7 +102,6 @@ def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8, shift_
 # --------------------------------------------------------------------------------------------
 # GRPO
 # --------------------------------------------------------------------------------------------
-@register_adv_est("grpo")
 @torch.no_grad()
 def compute_grpo_advantages(scores: torch.Tensor, group_ids: torch.Tensor, norm_by_std: bool = True,
                             eps: float = 1e-6) -> torch.Tensor:
@@ -128,7 +138,6 @@ def compute_grpo_advantages(scores: torch.Tensor, group_ids: torch.Tensor, norm_
 # --------------------------------------------------------------------------------------------
 # token-level GAE over the response tokens of a multi-turn episode
 # --------------------------------------------------------------------------------------------
-@register_adv_est("token_gae")
 @torch.no_grad()
 def compute_token_gae(token_rewards: torch.Tensor, values: torch.Tensor, response_mask: torch.Tensor,
                       gamma: float, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -163,7 +172,6 @@ def compute_token_gae(token_rewards: torch.Tensor, values: torch.Tensor, respons
 # --------------------------------------------------------------------------------------------
 # turn-level GAE (Turn-PPO)
 # --------------------------------------------------------------------------------------------
-@register_adv_est("turn_gae")
 @torch.no_grad()
 def compute_turn_gae(turn_rewards: torch.Tensor, turn_values: torch.Tensor, turn_mask: torch.Tensor,
                      gamma: float, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -193,7 +201,6 @@ def compute_turn_gae(turn_rewards: torch.Tensor, turn_values: torch.Tensor, turn
 # --------------------------------------------------------------------------------------------
 # RAGEN's bi-level GAE (baseline)
 # --------------------------------------------------------------------------------------------
-@register_adv_est("bi_level_gae")
 @torch.no_grad()
 def compute_bi_level_gae(turn_rewards: torch.Tensor, values: torch.Tensor, response_mask: torch.Tensor,
                          gamma: float, lam: float, high_level_gamma: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -255,6 +262,66 @@ def _turn_rows(turn_ids: torch.Tensor, H: int, *xs: torch.Tensor):
         return flat.gather(0, flat_idx.reshape(-1)).reshape(B, T)
 
     return (*[lay(x) for x in xs], row_mask, back)
+
+
+# --------------------------------------------------------------------------------------------
+# the registry: one signature for every estimator
+# --------------------------------------------------------------------------------------------
+# config keys (the ``algorithm`` section; a dict or an object with attributes): gamma, lam (1.0, as verl),
+# high_level_gamma (0.95, RAGEN's), norm_adv (whiten: over tokens for token estimators, over turns for
+# turn_gae; default true), norm_adv_by_std_in_grpo (true).
+@register_adv_est("grpo")
+@torch.no_grad()
+def grpo_advantage(*, turn_rewards: torch.Tensor, turn_mask: torch.Tensor, turn_ids: torch.Tensor,
+                   response_mask: torch.Tensor, group_ids: Optional[torch.Tensor], values: Optional[torch.Tensor],
+                   config: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """GRPO: the episode's group-normalised return on every response token; returns = advantages (no critic)."""
+    scores = turn_rewards.sum(dim=1)
+    adv = compute_grpo_advantages(scores, group_ids, norm_by_std=bool(cfg_get(config, "norm_adv_by_std_in_grpo", True)))
+    advantages = adv[:, None] * response_mask
+    return advantages, advantages.clone()
+
+
+@register_adv_est("token_gae")
+@torch.no_grad()
+def token_gae_advantage(*, turn_rewards: torch.Tensor, turn_mask: torch.Tensor, turn_ids: torch.Tensor,
+                        response_mask: torch.Tensor, group_ids: Optional[torch.Tensor],
+                        values: Optional[torch.Tensor], config: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token GAE over the response tokens, r_h on turn h's last token (:func:`compute_token_gae`)."""
+    adv, ret = compute_token_gae(place_turn_rewards(turn_rewards, turn_ids), values, response_mask,
+                                 float(cfg_get(config, "gamma", 1.0)), float(cfg_get(config, "lam", 1.0)))
+    return (masked_whiten(adv, response_mask) if cfg_get(config, "norm_adv", True) else adv), ret
+
+
+@register_adv_est("bi_level_gae")
+@torch.no_grad()
+def bi_level_gae_advantage(*, turn_rewards: torch.Tensor, turn_mask: torch.Tensor, turn_ids: torch.Tensor,
+                           response_mask: torch.Tensor, group_ids: Optional[torch.Tensor],
+                           values: Optional[torch.Tensor], config: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """RAGEN's bi-level GAE (:func:`compute_bi_level_gae`)."""
+    adv, ret = compute_bi_level_gae(turn_rewards, values, response_mask, float(cfg_get(config, "gamma", 1.0)),
+                                    float(cfg_get(config, "lam", 1.0)),
+                                    float(cfg_get(config, "high_level_gamma", 0.95)))
+    return (masked_whiten(adv, response_mask) if cfg_get(config, "norm_adv", True) else adv), ret
+
+
+@register_adv_est("turn_gae")
+@torch.no_grad()
+def turn_gae_advantage(*, turn_rewards: torch.Tensor, turn_mask: torch.Tensor, turn_ids: torch.Tensor,
+                       response_mask: torch.Tensor, group_ids: Optional[torch.Tensor], values: Optional[torch.Tensor],
+                       config: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """Turn-PPO's turn GAE, the one pipeline both engines run: V(s_h) = the value at turn h's first token
+    (0 without a critic), :func:`compute_turn_gae` over the turns, whitened over turns (each turn is one
+    sample of the turn-MDP), then turn h's advantage and return on every token of turn h.
+    """
+    H = turn_mask.shape[1]
+    turn_values = turn_start_values(values.float(), turn_ids, H) if values is not None \
+        else torch.zeros_like(turn_rewards, dtype=torch.float32)
+    adv, ret = compute_turn_gae(turn_rewards, turn_values, turn_mask, float(cfg_get(config, "gamma", 1.0)),
+                                float(cfg_get(config, "lam", 1.0)))
+    if cfg_get(config, "norm_adv", True):
+        adv = masked_whiten(adv, turn_mask)
+    return scatter_turns(adv, turn_ids) * response_mask, scatter_turns(ret, turn_ids) * response_mask
 
 
 def _check_gae_inputs(gamma: float, lam: float, **tensors: torch.Tensor) -> None:

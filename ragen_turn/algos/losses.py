@@ -332,7 +332,8 @@ def policy_loss(name: str, logp: torch.Tensor, old_logp: torch.Tensor, advantage
                 response_mask: torch.Tensor, turn_ids: Optional[torch.Tensor] = None,
                 config: Any = None) -> tuple[torch.Tensor, Dict[str, float]]:
     """Dispatch by name (DESIGN.md's argument order): ``(loss, metrics)``."""
-    return get_policy_loss_fn(name)(old_logp, logp, advantages, response_mask, None, config, None, turn_ids)
+    return get_policy_loss_fn(name)(old_log_prob=old_logp, log_prob=logp, advantages=advantages,
+                                    response_mask=response_mask, config=config, turn_ids=turn_ids)
 
 
 # --------------------------------------------------------------------------------------------

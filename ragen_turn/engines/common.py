@@ -2,7 +2,8 @@
 
 Both engines hand a :class:`~ragen_turn.rollout.Trajectory` (with critic ``values`` in the shared
 layout: ``values[:, t]`` = V(state just before token t)) to these functions, so StarPO-S filtering,
-reward normalisation and every advantage estimator exist once.
+reward normalisation, the advantage step (one registry lookup for every estimator) and the turn
+critic's targets exist once.
 """
 from __future__ import annotations
 
@@ -10,16 +11,8 @@ from typing import Any
 
 import torch
 
-from ragen_turn.algos import (
-    compute_bi_level_gae,
-    compute_grpo_advantages,
-    compute_token_gae,
-    compute_turn_gae,
-    masked_whiten,
-    place_turn_rewards,
-    scatter_turns,
-    turn_start_values,
-)
+from ragen_turn.algos import get_adv_estimator_fn, turn_start_values
+from ragen_turn.config import kept_group_count
 from ragen_turn.rollout import Trajectory
 
 
@@ -32,7 +25,7 @@ def kept_rows(group_ids: torch.Tensor, episode_rewards: torch.Tensor, ratio: flo
     for g in uniq.tolist():
         rew = episode_rewards[group_ids == g]
         score.append(float(rew.std(unbiased=False)) if kind == "std" else float(rew.mean()))
-    k = max(1, int(round(len(uniq) * ratio)))
+    k = kept_group_count(len(uniq), ratio)
     keep = uniq[torch.tensor(score).argsort(descending=True, stable=True)[:k]]
     return torch.isin(group_ids, keep).nonzero().flatten()
 
@@ -67,44 +60,18 @@ def normalized_turn_rewards(batch: Trajectory, cfg: Any) -> torch.Tensor:
     return tr.scatter_add(1, last[:, None], (-mean[inv] * scale)[:, None]) * tm
 
 
-def read_turn_values(batch: Trajectory, cfg: Any) -> None:
-    """The turn critic's V(s_h) ``[B, H]``: the values at each turn's first token."""
-    if cfg.critic.level == "turn":
-        batch.turn_values = turn_start_values(batch.values, batch.turn_ids, batch.turn_mask.shape[1])
+def compute_advantages(batch: Trajectory, cfg: Any) -> None:
+    """The advantage step of every trainer: ``algorithm.adv_estimator`` from the registry on the
+    normalised turn rewards; sets ``batch.advantages`` / ``batch.returns`` ``[B, T]``."""
+    fn = get_adv_estimator_fn(cfg.algorithm.adv_estimator)
+    batch.advantages, batch.returns = fn(
+        turn_rewards=normalized_turn_rewards(batch, cfg), turn_mask=batch.turn_mask, turn_ids=batch.turn_ids,
+        response_mask=batch.response_mask, group_ids=batch.group_ids, values=batch.values, config=cfg.algorithm)
 
 
-def compute_starpo_advantages(batch: Trajectory, cfg: Any) -> None:
-    """RAGEN's token path: ``grpo``, ``token_gae`` or ``bi_level_gae``; sets advantages/returns ``[B, T]``."""
-    alg = cfg.algorithm
-    mask = batch.response_mask
-    tr = normalized_turn_rewards(batch, cfg)
-    if alg.adv_estimator == "grpo":
-        adv = compute_grpo_advantages(tr.sum(dim=1), batch.group_ids, norm_by_std=alg.norm_adv_by_std_in_grpo)
-        batch.advantages = adv[:, None] * mask
-        batch.returns = batch.advantages.clone()
-        return
-    if alg.adv_estimator == "token_gae":
-        adv, ret = compute_token_gae(place_turn_rewards(tr, batch.turn_ids), batch.values, mask, alg.gamma, alg.lam)
-    elif alg.adv_estimator == "bi_level_gae":
-        adv, ret = compute_bi_level_gae(tr, batch.values, mask, alg.gamma, alg.lam, alg.high_level_gamma)
-    else:
-        raise ValueError(f"the StarPO path does not compute algorithm.adv_estimator={alg.adv_estimator}")
-    batch.advantages = masked_whiten(adv, mask) if alg.norm_adv else adv
-    batch.returns = ret
-
-
-def compute_turn_advantages(batch: Trajectory, cfg: Any) -> None:
-    """Turn-PPO: turn-level GAE over V(s_h), one advantage per turn on every token of the turn.
-
-    Other estimators (``turn_is`` / ``st_ppo`` use token GAE) go through the StarPO path.
-    """
-    alg = cfg.algorithm
-    if alg.adv_estimator != "turn_gae":
-        return compute_starpo_advantages(batch, cfg)
-    tr = normalized_turn_rewards(batch, cfg)
-    adv, ret = compute_turn_gae(tr, batch.turn_values, batch.turn_mask, alg.gamma, alg.lam)
-    if alg.norm_adv:
-        adv = masked_whiten(adv, batch.turn_mask)  # each turn is one sample of the turn-MDP
-    batch.turn_returns = ret
-    batch.advantages = scatter_turns(adv, batch.turn_ids) * batch.response_mask
-    batch.returns = scatter_turns(ret, batch.turn_ids) * batch.response_mask
+def turn_critic_targets(batch: Trajectory) -> None:
+    """The turn critic's old values V(s_h) and targets return_h ``[B, H]``: ``values`` and ``returns`` read at
+    each turn's first token (the turn GAE puts turn h's return on every token of turn h)."""
+    H = batch.turn_mask.shape[1]
+    batch.turn_values = turn_start_values(batch.values, batch.turn_ids, H)
+    batch.turn_returns = turn_start_values(batch.returns, batch.turn_ids, H)

@@ -81,7 +81,8 @@ def append_metrics(path: Path, metrics: Mapping[str, Any]) -> None:
 
 
 def truncate_metrics(path: Path, step: int) -> None:
-    """Resume rule: keep the lines of steps ``<= step`` (the checkpoint's); ``step == 0`` (a fresh run) removes the log."""
+    """Resume rule: keep the lines of steps ``<= step`` (the checkpoint's step); ``step == 0`` (a fresh run)
+    removes the log."""
     path = Path(path)
     if not path.exists():
         return

@@ -41,6 +41,16 @@ class ContextConfig:
             raise ValueError("actor_rollout_ref.rollout.response_length must be >= 1")
 
 
+def context_config(cfg: Any) -> ContextConfig:
+    """The ``ContextConfig`` of a run config (``agent_proxy.*``, the rollout's response length, the format penalty)."""
+    ap = cfg.agent_proxy
+    return ContextConfig(max_turn=ap.max_turn, action_sep=ap.action_sep, max_actions_per_turn=ap.max_actions_per_turn,
+                         enable_think=ap.enable_think, max_context_tokens=ap.max_context_tokens,
+                         response_length=cfg.actor_rollout_ref.rollout.response_length,
+                         format_penalty=cfg.es_manager.format_penalty,
+                         include_env_instruction=ap.get("include_env_instruction", True))
+
+
 def answer_format(cfg: ContextConfig) -> str:
     if cfg.enable_think:
         return "<think> [your thoughts] </think> <answer> [your answer] </answer>"

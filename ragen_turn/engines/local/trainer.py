@@ -9,21 +9,20 @@ One training step, in order (CleanRL's shape, RAGEN's names)::
     update      critic, then actor: ppo_epochs x mini-batches (x micro-batches), grad clip
     log         one progress line, metrics.jsonl; checkpoints; held-out eval
 
-``TurnPPOTrainer`` overrides only how values are read (V(s_h) at the turn starts), how advantages
-are computed (turn-level GAE) and the critic's targets (turn returns at the turn starts); the
-policy loss comes from the config by name.
+``TurnPPOTrainer`` is the turn critic: it overrides only the critic's targets and loss (V(s_h) and
+return_h at the turn starts); the advantages (here turn GAE) come from the registry and the policy
+loss from the config, by name, as for ``StarPOTrainer``. Config checks, device/seeds and what a run
+logs live outside the engine (``ragen_turn.config``, ``engines.runtime``, ``engines.runlog``).
 """
 from __future__ import annotations
 
 import copy
-import json
-import math
 import os
 import random
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Dict, List, Optional
 
 import numpy as np
 import torch
@@ -37,129 +36,16 @@ from ragen_turn.algos import (
     value_loss,
     values_before_tokens,
 )
-from ragen_turn.engines.common import (
-    compute_starpo_advantages,
-    compute_turn_advantages,
-    kept_rows,
-    read_turn_values,
-)
+from ragen_turn.config import model_config, validate_config
+from ragen_turn.engines.common import compute_advantages, kept_rows, turn_critic_targets
+from ragen_turn.engines.runlog import append_metrics, episode_metrics, progress_line, run_header, truncate_metrics
+from ragen_turn.engines.runtime import derived_seed, pick_device, seed_everything
 from ragen_turn.models import CriticModel, load_model_and_tokenizer, logprobs_and_hidden, sequence_logprobs
-from ragen_turn.rollout import ChatFormatter, ContextConfig, EnvGroupManager, Trajectory, run_episodes, throttled
+from ragen_turn.rollout import ChatFormatter, EnvGroupManager, Trajectory, context_config, run_episodes, throttled
 
 from .sampler import LocalSampler
 
 TOKEN_ADV = ("grpo", "token_gae", "bi_level_gae")
-
-
-# ------------------------------------------------------------------------------------------------
-# config checks: fail before any work, naming the key
-# ------------------------------------------------------------------------------------------------
-def validate_config(cfg: DictConfig) -> None:
-    from ragen_turn.algos import ADV_ESTIMATOR_REGISTRY, POLICY_LOSS_REGISTRY
-    from ragen_turn.rollout.env_manager import parse_split
-
-    adv = cfg.algorithm.adv_estimator
-    if adv not in ADV_ESTIMATOR_REGISTRY:
-        raise ValueError(f"algorithm.adv_estimator={adv!r} is unknown; known: {sorted(ADV_ESTIMATOR_REGISTRY)}")
-    loss = cfg.actor_rollout_ref.actor.policy_loss.loss_mode
-    if loss not in POLICY_LOSS_REGISTRY:
-        raise ValueError(f"actor_rollout_ref.actor.policy_loss.loss_mode={loss!r} is unknown; "
-                         f"known: {sorted(POLICY_LOSS_REGISTRY)}")
-    level = cfg.critic.level
-    if level not in ("none", "token", "turn"):
-        raise ValueError(f"critic.level must be none, token or turn, got {level!r}")
-    needs = {"grpo": "none", "token_gae": "token", "bi_level_gae": "token", "turn_gae": "turn"}[adv]
-    if level != needs:
-        raise ValueError(f"algorithm.adv_estimator={adv} needs critic.level={needs}, got {level!r}")
-    if cfg.critic.shared_backbone and level != "none" and \
-            cfg.critic.ppo_epochs != cfg.actor_rollout_ref.actor.ppo_epochs:
-        raise ValueError(f"critic.shared_backbone=true trains the critic inside the actor's update: critic.ppo_epochs="
-                         f"{cfg.critic.ppo_epochs} must equal actor_rollout_ref.actor.ppo_epochs="
-                         f"{cfg.actor_rollout_ref.actor.ppo_epochs}")
-    parse_split(cfg.custom_envs, cfg.es_manager.train, "train")
-    parse_split(cfg.custom_envs, cfg.es_manager.val, "val")
-    tr = cfg.es_manager.train
-    if adv == "grpo" and tr.group_size < 2:
-        raise ValueError(f"es_manager.train.group_size={tr.group_size}: grpo needs group_size >= 2 "
-                         "(its baseline is the group mean)")
-    ratio = cfg.actor_rollout_ref.rollout.rollout_filter_ratio
-    if not (0 < ratio <= 1):
-        raise ValueError(f"actor_rollout_ref.rollout.rollout_filter_ratio must be in (0, 1], got {ratio}")
-    kept = max(1, int(round(tr.env_groups * ratio))) * tr.group_size
-    if cfg.ppo_mini_batch_size < 1 or cfg.ppo_mini_batch_size > kept:
-        raise ValueError(f"ppo_mini_batch_size={cfg.ppo_mini_batch_size} must be in [1, {kept}] (the rollout batch "
-                         f"after filtering: es_manager.train.env_groups x group_size x rollout_filter_ratio)")
-    if cfg.micro_batch_size_per_gpu < 1:
-        raise ValueError("micro_batch_size_per_gpu must be >= 1")
-    if cfg.ppo_epochs < 1:
-        raise ValueError("ppo_epochs must be >= 1")
-    if cfg.agent_proxy.reward_normalization.method not in ("identity", "mean_std", "mean"):
-        raise ValueError("agent_proxy.reward_normalization.method must be identity, mean_std or mean")
-    if cfg.agent_proxy.reward_normalization.grouping not in ("state", "batch"):
-        raise ValueError("agent_proxy.reward_normalization.grouping must be state or batch")
-    for k in ("gamma", "lam", "high_level_gamma"):
-        if not 0 <= cfg.algorithm[k] <= 1:
-            raise ValueError(f"algorithm.{k} must be in [0, 1], got {cfg.algorithm[k]}")
-    if cfg.trainer.total_training_steps < 0:
-        raise ValueError("trainer.total_training_steps must be >= 0")
-    budget = cfg.trainer.get("time_budget_s")
-    if budget is not None and not float(budget) > 0:
-        raise ValueError(f"trainer.time_budget_s must be null or > 0 seconds, got {budget}")
-    if cfg.device not in ("auto", "cpu", "cuda") and not str(cfg.device).startswith("cuda:"):
-        raise ValueError(f"device must be auto, cpu or cuda, got {cfg.device!r}")
-    if str(cfg.device).startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"device={cfg.device} but CUDA is not available")
-
-
-def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % (2**32))
-    torch.manual_seed(seed)
-
-
-def derived_seed(*parts: int) -> int:
-    return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1, dtype=np.uint64)[0] % (2**63))
-
-
-def context_config(cfg: DictConfig) -> ContextConfig:
-    ap = cfg.agent_proxy
-    return ContextConfig(max_turn=ap.max_turn, action_sep=ap.action_sep, max_actions_per_turn=ap.max_actions_per_turn,
-                         enable_think=ap.enable_think, max_context_tokens=ap.max_context_tokens,
-                         response_length=cfg.actor_rollout_ref.rollout.response_length,
-                         format_penalty=cfg.es_manager.format_penalty,
-                         include_env_instruction=ap.get("include_env_instruction", True))
-
-
-def model_config(cfg: DictConfig) -> Dict[str, Any]:
-    m = OmegaConf.to_container(cfg.model, resolve=True)
-    if cfg.get("model_path"):
-        m["path"] = cfg.model_path
-    return m
-
-
-# ------------------------------------------------------------------------------------------------
-# episode metrics
-# ------------------------------------------------------------------------------------------------
-def episode_metrics(batch: Trajectory, prefix: str = "env") -> Dict[str, float]:
-    eps = batch.episodes
-    n_actions = sum(e.num_actions for e in eps)
-    n_turns = sum(e.num_turns for e in eps)
-    return {
-        f"{prefix}/success": float(np.mean([e.success for e in eps])),
-        f"{prefix}/reward": float(np.mean([e.total_reward for e in eps])),
-        f"{prefix}/turns": float(np.mean([e.num_turns for e in eps])),
-        f"{prefix}/actions": float(np.mean([e.num_actions for e in eps])),
-        f"{prefix}/invalid_action_rate": 1.0 - sum(e.num_valid_actions for e in eps) / max(n_actions, 1),
-        f"{prefix}/format_error_rate": sum(e.format_errors for e in eps) / max(n_turns, 1),
-        f"{prefix}/truncated": float(np.mean([e.truncated for e in eps])),
-        f"{prefix}/response_tokens": float(batch.response_mask.sum(dim=1).mean()),
-    }
 
 
 @torch.no_grad()
@@ -179,7 +65,8 @@ def evaluate_policy(model, tokenizer, cfg: DictConfig, envs: EnvGroupManager, de
 
 # ------------------------------------------------------------------------------------------------
 class StarPOTrainer:
-    """RAGEN's StarPO loop on one device: grpo / token_ppo / bi_level_gae / s_ppo."""
+    """RAGEN's StarPO loop on one device: every algo without a turn critic (grpo, token_ppo, bi_level_gae,
+    s_ppo, turn_is, st_ppo); the advantage estimator and the policy loss come from the config by name."""
 
     def __init__(self, cfg: DictConfig, log=print):
         validate_config(cfg)
@@ -248,8 +135,7 @@ class StarPOTrainer:
         self.wandb = None
         if cfg.trainer.resume:
             self.load_checkpoint()
-        elif self.metrics_path.exists():
-            self.metrics_path.unlink()  # a fresh run in the same directory starts a fresh log
+        truncate_metrics(self.metrics_path, self.step)  # a fresh run starts a fresh log; a resumed one keeps <= step
         (self.out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
 
     # -------------------------------------------------------------------------------- rollout
@@ -302,14 +188,10 @@ class StarPOTrainer:
             self.critic.eval()
             batch.values = self._forward_all(lambda ids, am, pos, _: self.critic_values(ids, am, pos), batch) \
                 * batch.response_mask
-            self.read_values(batch)
-
-    def read_values(self, batch: Trajectory) -> None:
-        """Hook: derived value layouts (the turn critic's V(s_h))."""
 
     def compute_advantages(self, batch: Trajectory) -> None:
-        """Hook: advantages and returns (RAGEN's grpo / token GAE / bi-level GAE)."""
-        compute_starpo_advantages(batch, self.cfg)
+        """Advantages and returns ``[B, T]`` of ``algorithm.adv_estimator`` (the registry's, as on verl)."""
+        compute_advantages(batch, self.cfg)
 
     # -------------------------------------------------------------------------------- critic
     def critic_loss(self, mb: Trajectory, values: torch.Tensor):
@@ -386,8 +268,8 @@ class StarPOTrainer:
         a = self.cfg.actor_rollout_ref.actor
         dev = self.device
         mask = mb.response_mask.to(dev)
-        loss, metrics = self.loss_fn(mb.old_logp.to(dev), logp, mb.advantages.to(dev), mask, None, self.loss_cfg, None,
-                                     mb.turn_ids.to(dev))
+        loss, metrics = self.loss_fn(old_log_prob=mb.old_logp.to(dev), log_prob=logp, advantages=mb.advantages.to(dev),
+                                     response_mask=mask, config=self.loss_cfg, turn_ids=mb.turn_ids.to(dev))
         entropy = masked_mean(ent, mask)
         metrics["actor/entropy"] = float(entropy.detach())
         if a.entropy_coeff:
@@ -468,10 +350,7 @@ class StarPOTrainer:
     def fit(self) -> Dict[str, float]:
         cfg = self.cfg.trainer
         total = cfg.total_training_steps
-        self.log(f"[ragen_turn] {self.cfg.trainer.experiment_name}: {type(self).__name__}, "
-                 f"algo={self.cfg.algo.name} loss={self.cfg.actor_rollout_ref.actor.policy_loss.loss_mode} "
-                 f"adv={self.cfg.algorithm.adv_estimator} critic={self.cfg.critic.level} device={self.device} "
-                 f"batch={len(self.train_envs)} episodes, steps {self.step}->{total}, out={self.out_dir}")
+        self.log(run_header(self.cfg, type(self).__name__, self.step, len(self.train_envs), self.out_dir, self.device))
         last: Dict[str, float] = {}
         budget = cfg.get("time_budget_s")
         started = time.time()
@@ -480,7 +359,7 @@ class StarPOTrainer:
             last = {"step": 0, **self.evaluate()}
             last["perf/val_s"] = time.time() - t
             self._write_metrics(last)
-            self.log(self._progress(last))
+            self.log(progress_line(last))
         while self.step < total:
             metrics = self.train_step()
             self.step += 1
@@ -495,7 +374,7 @@ class StarPOTrainer:
                 metrics.update(self.evaluate())
                 metrics["perf/val_s"] = time.time() - t
             self._write_metrics(metrics)
-            self.log(self._progress(metrics))
+            self.log(progress_line(metrics))
             if (cfg.save_freq and self.step % cfg.save_freq == 0) or final:
                 self.save_checkpoint()
             last = metrics
@@ -505,9 +384,7 @@ class StarPOTrainer:
 
     # -------------------------------------------------------------------------------- logging
     def _write_metrics(self, metrics: Dict[str, float]) -> None:
-        clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in metrics.items()}
-        with open(self.metrics_path, "a") as f:
-            f.write(json.dumps(clean, sort_keys=True) + "\n")
+        append_metrics(self.metrics_path, metrics)
         if self.cfg.logger == "wandb":
             self._wandb_log(metrics)
 
@@ -521,24 +398,6 @@ class StarPOTrainer:
             self.wandb = wandb.init(project=self.cfg.wandb.project, name=self.cfg.trainer.experiment_name,
                                     dir=str(self.out_dir), config=OmegaConf.to_container(self.cfg, resolve=True))
         self.wandb.log(metrics, step=int(metrics.get("step", self.step)))
-
-    @staticmethod
-    def _progress(m: Dict[str, float]) -> str:
-        def f(key, fmt="{:.3f}"):
-            v = m.get(key)
-            return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else fmt.format(v)
-
-        parts = [f"step {int(m.get('step', 0)):4d}"]
-        if "env/reward" in m:
-            parts += [f"reward {f('env/reward')}", f"success {f('env/success')}",
-                      f"clip_tok {f('actor/clip_frac_token')}", f"clip_turn {f('actor/clip_frac_turn')}",
-                      f"kl {f('actor/approx_kl', '{:.4f}')}", f"ent {f('actor/entropy')}",
-                      f"vloss {f('critic/value_loss')}",
-                      f"tok/s {f('perf/tokens_per_s', '{:.0f}')}", f"{f('perf/step_s', '{:.1f}')}s"]
-        if "val/success" in m:
-            parts += [f"| val success {f('val/success')} reward {f('val/reward')} invalid "
-                      f"{f('val/invalid_action_rate')}"]
-        return "  ".join(parts)
 
     # -------------------------------------------------------------------------------- checkpoints
     def save_checkpoint(self) -> Path:
@@ -570,8 +429,6 @@ class StarPOTrainer:
         latest = self.ckpt_dir / "latest"
         if not latest.exists():
             self.log(f"[ragen_turn] trainer.resume=true but no checkpoint in {self.ckpt_dir}: starting fresh")
-            if self.metrics_path.exists():
-                self.metrics_path.unlink()
             return False
         path = self.ckpt_dir / latest.read_text().strip()
         from transformers import AutoModelForCausalLM
@@ -591,34 +448,22 @@ class StarPOTrainer:
         random.setstate(state["rng"]["python"])
         np.random.set_state(state["rng"]["numpy"])
         torch.set_rng_state(state["rng"]["torch"])
-        if self.metrics_path.exists():  # drop log lines written after the checkpoint
-            lines = [ln for ln in self.metrics_path.read_text().splitlines()
-                     if ln.strip() and json.loads(ln).get("step", 0) <= self.step]
-            self.metrics_path.write_text("".join(ln + "\n" for ln in lines))
         self.log(f"[ragen_turn] resumed from {path} at step {self.step}")
         return True
 
 
 class TurnPPOTrainer(StarPOTrainer):
-    """Turn-PPO: turn critic V(s_h), turn-level GAE, the configured turn-level loss.
-
-    Also runs ``turn_is`` / ``st_ppo`` (token critic, token GAE, turn-level ratio): for those only
-    the loss differs from the StarPO path.
-    """
-
-    def read_values(self, batch: Trajectory) -> None:
-        read_turn_values(batch, self.cfg)
+    """Turn-PPO: the turn critic V(s_h) (trained on return_h at the turn starts) and turn-level GAE
+    (``algorithm.adv_estimator=turn_gae``, checked by ``validate_config``), with the configured loss."""
 
     def compute_advantages(self, batch: Trajectory) -> None:
-        compute_turn_advantages(batch, self.cfg)
+        super().compute_advantages(batch)
+        turn_critic_targets(batch)
 
     def critic_loss(self, mb: Trajectory, values: torch.Tensor):
-        if self.cfg.critic.level != "turn":
-            return super().critic_loss(mb, values)
+        """The value loss on V(s_h) ``[b, H]`` read from fresh token-layout ``values`` ``[b, T]``."""
         dev = values.device
-        H = mb.turn_mask.shape[1]
-        turn_ids = mb.turn_ids.to(dev)
-        v = turn_start_values(values, turn_ids, H)
+        v = turn_start_values(values, mb.turn_ids.to(dev), mb.turn_mask.shape[1])
         return value_loss(v, mb.turn_values.to(dev), mb.turn_returns.to(dev), mb.turn_mask.to(dev),
                           self.cfg.critic.cliprange_value)
 

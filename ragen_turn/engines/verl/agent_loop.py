@@ -30,7 +30,7 @@ from omegaconf import OmegaConf
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput, register
 
 from ragen_turn.envs import make_env
-from ragen_turn.rollout import ChatFormatter, ContextConfig, EnvSlot, run_episodes
+from ragen_turn.rollout import ChatFormatter, EnvSlot, context_config, run_episodes
 from ragen_turn.rollout.trajectory import Episode
 
 from .config import AGENT_LOOP_NAME
@@ -107,12 +107,6 @@ def formatter_for(tokenizer: Any) -> ChatFormatter:
         if id(tokenizer) not in _FORMATTERS:
             _FORMATTERS[id(tokenizer)] = ChatFormatter(LockedTokenizer(tokenizer))
         return _FORMATTERS[id(tokenizer)]
-
-
-def context_config(rcfg: Any) -> ContextConfig:
-    from ragen_turn.engines.local.trainer import context_config as local_context_config
-
-    return local_context_config(rcfg)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -16,6 +16,8 @@ from typing import Any, Dict, Optional
 from omegaconf import DictConfig, OmegaConf, open_dict
 from verl.workers.config import PolicyLossConfig
 
+from ragen_turn.config import kept_batch_size, validate_config
+
 EXTERNAL_MODULES = "ragen_turn.engines.verl.register,ragen_turn.engines.verl.agent_loop"
 AGENT_LOOP_NAME = "ragen_turn_env"
 
@@ -48,16 +50,8 @@ def _plain(x: Any) -> Any:
     return OmegaConf.to_container(x, resolve=True) if OmegaConf.is_config(x) else x
 
 
-def kept_batch_size(cfg: DictConfig) -> int:
-    """Episodes per step after StarPO-S group filtering (what the actor and critic train on)."""
-    tr = cfg.es_manager.train
-    return max(1, int(round(tr.env_groups * cfg.actor_rollout_ref.rollout.rollout_filter_ratio))) * tr.group_size
-
-
 def check_ragen_config(cfg: DictConfig) -> None:
-    """Our config checks (the local engine's) plus what verl's batching needs; ValueError naming the key."""
-    from ragen_turn.engines.local.trainer import validate_config
-
+    """Our config checks (``ragen_turn.config``) plus what verl's batching needs; ValueError naming the key."""
     validate_config(_without_device(cfg))
     v = cfg.engine.verl
     n_gpus = int(cfg.trainer.n_gpus_per_node) * int(cfg.trainer.nnodes)

@@ -92,7 +92,9 @@ def make_policy_loss(name: str):
         # verl's actor-level loss_agg_mode aggregates entropy/KL; ours comes from policy_loss.loss_agg_mode
         cfg = core_config(config)
         agg = cfg.pop("loss_agg_mode", None)
-        loss, metrics = core(old_log_prob, log_prob, advantages, response_mask, agg, cfg, rollout_is_weights)
+        loss, metrics = core(old_log_prob=old_log_prob, log_prob=log_prob, advantages=advantages,
+                             response_mask=response_mask, loss_agg_mode=agg, config=cfg,
+                             rollout_is_weights=rollout_is_weights)
         return loss * global_scale(name, response_mask, agg, _batch_info(config)), metrics
 
     policy_loss.__name__ = f"compute_policy_loss_{name}_verl"
@@ -104,7 +106,8 @@ def make_policy_loss(name: str):
 def compute_turn_gae_advantage(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, config=None,
                                values: Optional[torch.Tensor] = None, turn_ids: Optional[torch.Tensor] = None,
                                **kwargs):
-    """verl advantage estimator ``turn_gae`` (Turn-PPO), over ``ragen_turn.algos.compute_turn_gae``.
+    """verl advantage estimator ``turn_gae`` (Turn-PPO): ``ragen_turn.algos``' ``turn_gae`` estimator (the turn GAE
+    pipeline both engines run) on verl's inputs.
 
     Args:
         token_level_rewards: ``[B, R]``; r_h = the sum over turn h's tokens (verl puts an episode's
@@ -122,15 +125,10 @@ def compute_turn_gae_advantage(token_level_rewards: torch.Tensor, response_mask:
     if turn_ids is None:
         turn_ids = algos.turn_ids_from_mask(response_mask)
     H = max(algos.num_turns(turn_ids), 1)
-    tmask = algos.turn_mask_from_ids(turn_ids, H)
     rewards = algos.turn_sums(token_level_rewards.float() * mask, turn_ids, H)
-    tvalues = algos.turn_start_values(values.float(), turn_ids, H) if values is not None else torch.zeros_like(rewards)
-    gamma = float(cfg_get(config, "gamma", 1.0))
-    lam = float(cfg_get(config, "lam", 1.0))
-    adv, ret = algos.compute_turn_gae(rewards, tvalues, tmask, gamma, lam)
-    if bool(cfg_get(config, "norm_adv", True)):
-        adv = algos.masked_whiten(adv, tmask)
-    return algos.scatter_turns(adv, turn_ids) * mask, algos.scatter_turns(ret, turn_ids) * mask
+    return algos.get_adv_estimator_fn("turn_gae")(
+        turn_rewards=rewards, turn_mask=algos.turn_mask_from_ids(turn_ids, H), turn_ids=turn_ids, response_mask=mask,
+        group_ids=None, values=values, config=config)
 
 
 def register_all() -> None:

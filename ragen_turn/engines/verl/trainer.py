@@ -8,7 +8,7 @@ with the trainer's own helpers (``_compute_old_log_prob``, ``_compute_ref_log_pr
     rollout     agent loop -> verl layout (prompts | responses, response_mask, turn ids, turn rewards)
     filter      StarPO-S: keep the top rollout_filter_ratio env groups
     score       old log-probs, reference log-probs (KL on), critic values
-    advantages  the local engine's code (ragen_turn.algos): grpo | token_gae | bi_level_gae | turn_gae
+    advantages  engines.common (both engines): the registry's grpo | token_gae | bi_level_gae | turn_gae
     critic      token critic: every response token; turn critic: only turn starts (see below)
     actor       verl's ppo_loss calling our registered policy loss (see register.py)
 
@@ -23,8 +23,6 @@ task_runner_class=TaskRunner)``.
 """
 from __future__ import annotations
 
-import json
-import math
 import os
 from functools import partial
 from pathlib import Path
@@ -44,14 +42,8 @@ from verl.utils.debug import marked_timer
 from verl.utils.metric import reduce_metrics
 
 from ragen_turn.algos import check_turn_ids, place_turn_rewards, turn_boundaries, turn_mask_from_ids
-from ragen_turn.engines.common import (
-    compute_starpo_advantages,
-    compute_turn_advantages,
-    kept_rows,
-    normalized_turn_rewards,
-    read_turn_values,
-)
-from ragen_turn.engines.local import trainer as local
+from ragen_turn.engines.common import compute_advantages, kept_rows, normalized_turn_rewards, turn_critic_targets
+from ragen_turn.engines.runlog import append_metrics, episode_metrics, progress_line, run_header, truncate_metrics
 from ragen_turn.rollout import EnvSlot, Trajectory
 from ragen_turn.rollout.env_manager import EnvGroupManager
 
@@ -168,10 +160,9 @@ class _NoDataLoader:
 
 
 class StarPOTrainer(RayPPOTrainer):
-    """RAGEN's StarPO loop on verl: grpo / token_ppo / bi_level_gae / s_ppo (token critic or none)."""
+    """RAGEN's StarPO loop on verl: grpo / token_ppo / bi_level_gae / s_ppo / turn_is / st_ppo (no turn critic)."""
 
-    read_values = staticmethod(lambda traj, cfg: None)
-    advantage_fn = staticmethod(compute_starpo_advantages)
+    critic_targets = staticmethod(lambda traj: None)  # hook: the turn critic's V(s_h) / return_h
 
     def __init__(self, config: DictConfig, tokenizer, role_worker_mapping, resource_pool_manager,
                  ray_worker_group_cls, processor=None):
@@ -213,12 +204,12 @@ class StarPOTrainer(RayPPOTrainer):
 
     def _validate(self, merged: bool = False) -> Dict[str, float]:
         out, _ = self.rollout(self.val_plan.assign_seeds(self.rcfg.seed, 0), "val", self.global_steps)
-        return local.episode_metrics(to_trajectory(out), "val")
+        return episode_metrics(to_trajectory(out), "val")
 
     # ---------------------------------------------------------------------------------- one step
     def compute_advantages(self, batch: DataProto, traj: Trajectory) -> None:
-        self.read_values(traj, self.rcfg)
-        self.advantage_fn(traj, self.rcfg)
+        compute_advantages(traj, self.rcfg)
+        self.critic_targets(traj)
         mask = batch.batch["response_mask"].float()
         batch.batch["advantages"] = traj.advantages.float() * mask
         batch.batch["returns"] = traj.returns.float() * mask
@@ -236,7 +227,7 @@ class StarPOTrainer(RayPPOTrainer):
                 self.checkpoint_manager.sleep_replicas()
             timing.update(gen_timing)
             traj = to_trajectory(batch)
-            metrics.update(local.episode_metrics(traj, "env"))
+            metrics.update(episode_metrics(traj, "env"))
             r = self.rcfg.actor_rollout_ref.rollout
             keep = kept_rows(traj.group_ids, traj.episode_rewards, r.rollout_filter_ratio, r.rollout_filter_type)
             if len(keep) < len(batch):
@@ -312,15 +303,10 @@ class StarPOTrainer(RayPPOTrainer):
         self._tracker = self._make_tracker()
         self.global_steps = 0
         self._load_checkpoint()
-        if self.metrics_path.exists():  # a fresh run starts a fresh log; a resumed one drops lines past its checkpoint
-            lines = [ln for ln in self.metrics_path.read_text().splitlines()
-                     if ln.strip() and self.global_steps and json.loads(ln).get("step", 0) <= self.global_steps]
-            self.metrics_path.write_text("".join(ln + "\n" for ln in lines))
+        truncate_metrics(self.metrics_path, self.global_steps)  # fresh run: a fresh log; resumed: lines <= its step
         self.checkpoint_manager.update_weights(self.global_steps)
-        print(f"[ragen_turn] {rt.experiment_name}: verl {type(self).__name__}, algo={self.rcfg.algo.name} "
-              f"loss={self.rcfg.actor_rollout_ref.actor.policy_loss.loss_mode} adv={self.rcfg.algorithm.adv_estimator} "
-              f"critic={self.rcfg.critic.level} batch={len(self.train_plan)} episodes, "
-              f"steps {self.global_steps}->{total}, out={self.out_dir}", flush=True)
+        print(run_header(self.rcfg, f"verl {type(self).__name__}", self.global_steps, len(self.train_plan),
+                         self.out_dir), flush=True)
         last: Dict[str, float] = {}
         if self.global_steps == 0 and rt.val_before_train:
             last = {"step": 0, **self._validate()}
@@ -350,33 +336,16 @@ class StarPOTrainer(RayPPOTrainer):
                         config=OmegaConf.to_container(self.rcfg, resolve=True))
 
     def _log(self, metrics: Dict[str, Any]) -> None:
-        clean = {k: _jsonable(v) for k, v in metrics.items()}
-        with open(self.metrics_path, "a") as f:
-            f.write(json.dumps(clean, sort_keys=True) + "\n")
+        append_metrics(self.metrics_path, metrics)
         if self._tracker is not None:
             self._tracker.log(data=metrics, step=int(metrics.get("step", self.global_steps)))
-        print(local.StarPOTrainer._progress(metrics), flush=True)
-
-
-def _jsonable(v: Any) -> Any:
-    if isinstance(v, (np.generic,)):
-        v = v.item()
-    if isinstance(v, torch.Tensor) and v.numel() == 1:
-        v = v.item()
-    if isinstance(v, float) and not math.isfinite(v):
-        return None
-    return v if isinstance(v, (int, float, str, bool, type(None))) else str(v)
+        print(progress_line(metrics), flush=True)
 
 
 class TurnPPOTrainer(StarPOTrainer):
-    """Turn-PPO on verl: turn critic V(s_h) (trained at turn starts), turn-level GAE, the configured loss.
+    """Turn-PPO on verl: turn critic V(s_h) (trained at turn starts) + turn-level GAE, the configured loss."""
 
-    Also runs ``turn_is`` / ``st_ppo`` (token critic + token GAE, turn-level ratio), like the local
-    engine's ``TurnPPOTrainer``.
-    """
-
-    read_values = staticmethod(read_turn_values)
-    advantage_fn = staticmethod(compute_turn_advantages)
+    critic_targets = staticmethod(turn_critic_targets)
 
 
 TRAINERS = {"starpo": StarPOTrainer, "turn": TurnPPOTrainer}
