@@ -1,0 +1,163 @@
+"""The import rules of DESIGN.md, checked on the source (``ast``), so a violation fails here first.
+
+- the engines never import each other (``engines/local`` <-> ``engines/verl``);
+- ``ragen_turn/algos`` is pure torch: it imports no engine, env, rollout, model or config module;
+- the local trainer is imported only by the entry points (``train.py``, ``evaluate.py``) and the local
+  benchmark;
+- no import cycle among ``ragen_turn`` modules, counting imports inside functions too (a lazy import
+  still ties two modules together).
+
+Every ``import`` statement counts, wherever it sits (a function-level import is a dependency too).
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from typing import Dict, List, Set
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+# package name -> directory (envs/ installs as ragen_turn.envs, see setup.py)
+SOURCES = {"ragen_turn": ROOT / "ragen_turn", "ragen_turn.envs": ROOT / "envs"}
+LOCAL_TRAINER = "ragen_turn.engines.local.trainer"
+
+
+def module_files() -> Dict[str, Path]:
+    """``dotted module name -> file`` for every module of the package (``pkg/__init__.py`` is ``pkg``)."""
+    out: Dict[str, Path] = {}
+    for pkg, base in SOURCES.items():
+        for path in sorted(base.rglob("*.py")):
+            rel = path.relative_to(base).with_suffix("")
+            parts = [p for p in rel.parts if p != "__init__"]
+            if pkg == "ragen_turn" and parts and parts[0] == "envs":
+                continue  # not a package here (envs/ is mapped, see SOURCES)
+            out[".".join([pkg, *parts])] = path
+    return out
+
+
+def imports_of(name: str, path: Path, known: Set[str]) -> Set[str]:
+    """The ``ragen_turn`` modules that module ``name`` (file ``path``) imports, anywhere in its body.
+
+    ``from pkg import x`` counts as importing ``pkg.x`` when that is a module, else ``pkg``.
+    """
+    is_pkg = path.name == "__init__.py"
+    here = name if is_pkg else name.rpartition(".")[0]
+    found: Set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = here.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            targets = [f"{mod}.{a.name}" if f"{mod}.{a.name}" in known else mod for a in node.names]
+        else:
+            continue
+        for t in targets:
+            # the longest known module that t is or lies in (``import a.b.c`` imports a.b.c)
+            while t and t not in known:
+                t = t.rpartition(".")[0]
+            if t and t != name:
+                found.add(t)
+    return found
+
+
+def import_graph() -> Dict[str, Set[str]]:
+    files = module_files()
+    known = set(files)
+    return {name: imports_of(name, path, known) for name, path in files.items()}
+
+
+def find_cycles(graph: Dict[str, Set[str]]) -> List[List[str]]:
+    """One cycle per strongly connected component of more than one module (Tarjan)."""
+    index: Dict[str, int] = {}
+    low: Dict[str, int] = {}
+    stack: List[str] = []
+    on_stack: Set[str] = set()
+    comps: List[List[str]] = []
+    counter = [0]
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                comps.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return comps
+
+
+def edges(graph: Dict[str, Set[str]], src_prefix: str, dst_prefix: str) -> List[str]:
+    def within(m: str, prefix: str) -> bool:
+        return m == prefix or m.startswith(prefix + ".")
+
+    return sorted(f"{a} -> {b}" for a, deps in graph.items() if within(a, src_prefix)
+                  for b in deps if within(b, dst_prefix))
+
+
+@pytest.fixture(scope="module")
+def graph() -> Dict[str, Set[str]]:
+    g = import_graph()
+    assert "ragen_turn.engines.local.trainer" in g and "ragen_turn.envs.sokoban" in g  # the walk found the tree
+    return g
+
+
+def test_engines_never_import_each_other(graph):
+    bad = edges(graph, "ragen_turn.engines.local", "ragen_turn.engines.verl")
+    bad += edges(graph, "ragen_turn.engines.verl", "ragen_turn.engines.local")
+    assert not bad, "an engine imports the other: " + ", ".join(bad)
+
+
+@pytest.mark.parametrize("forbidden", ["ragen_turn.engines", "ragen_turn.envs", "ragen_turn.rollout",
+                                       "ragen_turn.models", "ragen_turn.config", "ragen_turn.train",
+                                       "ragen_turn.evaluate", "ragen_turn.warmstart", "ragen_turn.report"])
+def test_algos_import_no_engine_env_or_rollout(graph, forbidden):
+    bad = edges(graph, "ragen_turn.algos", forbidden)
+    assert not bad, "ragen_turn.algos must stay pure torch: " + ", ".join(bad)
+
+
+def test_only_entry_points_import_the_local_trainer(graph):
+    users = sorted(a for a, deps in graph.items() if LOCAL_TRAINER in deps)
+    assert set(users) <= {"ragen_turn.train", "ragen_turn.evaluate"}, users
+
+
+def test_no_import_cycle(graph):
+    cycles = find_cycles(graph)
+    assert not cycles, "import cycles among ragen_turn modules: " + "; ".join(" <-> ".join(c) for c in cycles)
+
+
+def test_checker_sees_violations(tmp_path):
+    """The checks above can fail: a hand-made graph with each violation is caught."""
+    g = {"ragen_turn.a": {"ragen_turn.b"}, "ragen_turn.b": {"ragen_turn.c"}, "ragen_turn.c": {"ragen_turn.a"},
+         "ragen_turn.d": {"ragen_turn.a"}}
+    assert find_cycles(g) == [["ragen_turn.a", "ragen_turn.b", "ragen_turn.c"]]
+    g2 = {"ragen_turn.engines.verl.trainer": {"ragen_turn.engines.local.trainer"}}
+    assert edges(g2, "ragen_turn.engines.verl", "ragen_turn.engines.local")
+    known = {"ragen_turn", "ragen_turn.algos", "ragen_turn.algos.turns", "ragen_turn.engines.common"}
+    src = "from ..engines.common import x\nfrom . import turns\n\ndef f():\n    import ragen_turn.engines.common\n"
+    probe = tmp_path / "probe.py"
+    probe.write_text(src)
+    parsed = imports_of("ragen_turn.algos.probe", probe, known)  # as if it were ragen_turn/algos/probe.py
+    assert parsed == {"ragen_turn.engines.common", "ragen_turn.algos.turns"}

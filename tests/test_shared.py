@@ -1,0 +1,135 @@
+"""What both engines share: the config checks, the advantage registry's one signature, the turn critic's
+targets, and what a run logs (metrics.jsonl and its resume rule)."""
+from __future__ import annotations
+
+import inspect
+import json
+import math
+
+import pytest
+import torch
+
+from ragen_turn import algos
+from ragen_turn.config import kept_batch_size, validate_config
+from ragen_turn.engines import common, runlog
+
+from helpers import micro_config
+
+
+def _batch(B=6, H=3, seed=0):
+    """A Trajectory-like batch: rows of 1..H turns of 1..3 tokens, prompt/env tokens in between."""
+    from ragen_turn.rollout import Trajectory
+    from ragen_turn.rollout.trajectory import Episode
+
+    g = torch.Generator().manual_seed(seed)
+    eps = []
+    for b in range(B):
+        n = int(torch.randint(1, H + 1, (1,), generator=g))
+        ids, mask, tids = [1, 1], [0, 0], [-1, -1]
+        for h in range(n):
+            k = int(torch.randint(1, 4, (1,), generator=g))
+            ids += [2] * k + [1, 1]
+            mask += [1] * k + [0, 0]
+            tids += [h] * k + [-1, -1]
+        rewards = torch.randn(n, generator=g).tolist()
+        eps.append(Episode(token_ids=ids, response_mask=mask, turn_ids=tids, turn_rewards=rewards, group_id=b // 2,
+                           env_seed=b // 2))
+    batch = Trajectory.from_episodes(eps, pad_token_id=0)
+    batch.values = torch.randn(batch.input_ids.shape, generator=g) * batch.response_mask
+    return batch
+
+
+def _inputs(batch):
+    return dict(turn_rewards=batch.turn_rewards, turn_mask=batch.turn_mask, turn_ids=batch.turn_ids,
+                response_mask=batch.response_mask, group_ids=batch.group_ids, values=batch.values)
+
+
+def test_every_registered_estimator_has_the_one_signature():
+    sigs = {name: inspect.signature(fn) for name, fn in algos.ADV_ESTIMATOR_REGISTRY.items()}
+    assert set(sigs) == {"grpo", "token_gae", "bi_level_gae", "turn_gae"}
+    first = next(iter(sigs.values()))
+    assert all(s == first for s in sigs.values()), sigs
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in first.parameters.values())
+
+
+@pytest.mark.parametrize("name", ["grpo", "token_gae", "bi_level_gae", "turn_gae"])
+def test_registry_dispatch_gives_token_layout_zero_off_the_response(name):
+    batch = _batch()
+    adv, ret = algos.get_adv_estimator_fn(name)(**_inputs(batch), config={"gamma": 0.9, "lam": 0.8})
+    assert adv.shape == ret.shape == batch.response_mask.shape
+    off = batch.response_mask == 0
+    assert torch.all(adv[off] == 0) and torch.all(ret[off] == 0)
+    assert torch.isfinite(adv).all() and adv[~off].abs().sum() > 0
+
+
+def test_turn_gae_estimator_is_turn_gae_over_values_at_turn_starts():
+    """The pipeline (V(s_h) at turn starts, turn GAE, scatter) against a per-row hand loop."""
+    batch = _batch(seed=3)
+    gamma, lam = 0.9, 0.7
+    adv, ret = algos.get_adv_estimator_fn("turn_gae")(**_inputs(batch),
+                                                      config={"gamma": gamma, "lam": lam, "norm_adv": False})
+    for b in range(batch.batch_size):
+        tids = batch.turn_ids[b]
+        n = int(batch.turn_mask[b].sum())
+        v = [float(batch.values[b][(tids == h).nonzero()[0, 0]]) for h in range(n)]
+        r = batch.turn_rewards[b, :n].tolist()
+        a_next, expect = 0.0, [0.0] * n
+        for h in reversed(range(n)):
+            delta = r[h] + gamma * (v[h + 1] if h + 1 < n else 0.0) - v[h]
+            a_next = delta + gamma * lam * a_next
+            expect[h] = a_next
+        for h in range(n):
+            on = tids == h
+            assert torch.allclose(adv[b][on], torch.tensor(expect[h]), atol=1e-5)
+            assert torch.allclose(ret[b][on], torch.tensor(expect[h] + v[h]), atol=1e-5)
+
+
+def test_turn_critic_targets_are_the_turn_returns_at_turn_starts():
+    cfg = micro_config(["algo=turn_ppo"])
+    batch = _batch(seed=5)
+    common.compute_advantages(batch, cfg)
+    common.turn_critic_targets(batch)
+    H = batch.turn_mask.shape[1]
+    tvals = algos.turn_start_values(batch.values, batch.turn_ids, H)
+    _, turn_ret = algos.compute_turn_gae(common.normalized_turn_rewards(batch, cfg), tvals, batch.turn_mask,
+                                         cfg.algorithm.gamma, cfg.algorithm.lam)
+    assert torch.equal(batch.turn_values, tvals)
+    assert torch.allclose(batch.turn_returns, turn_ret, atol=1e-6)
+
+
+@pytest.mark.parametrize("algo,trainer", [("turn_is", "turn"), ("st_ppo", "turn"), ("turn_ppo", "starpo")])
+def test_the_turn_trainer_is_exactly_turn_critic_plus_turn_gae(algo, trainer):
+    cfg = micro_config([f"algo={algo}", f"algo.trainer={trainer}"])
+    with pytest.raises(ValueError, match="algo.trainer"):
+        validate_config(cfg)
+
+
+def test_kept_batch_size_is_what_the_filter_keeps():
+    cfg = micro_config(["es_manager.train.env_groups=5", "es_manager.train.group_size=3",
+                        "actor_rollout_ref.rollout.rollout_filter_ratio=0.5", "ppo_mini_batch_size=3"])
+    groups = torch.arange(5).repeat_interleave(3)
+    rewards = torch.randn(15, generator=torch.Generator().manual_seed(0))
+    # 5 x 0.5 = 2.5 groups rounds (half to even) to 2: the config check and the filter agree
+    assert len(common.kept_rows(groups, rewards, 0.5, "std")) == kept_batch_size(cfg) == 6
+
+
+def test_metrics_log_and_its_resume_rule(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    for step in range(4):
+        runlog.append_metrics(path, {"step": step, "x": float("nan") if step == 1 else float(step),
+                                     "n": torch.tensor(2.0)})
+    lines = [json.loads(ln) for ln in path.read_text().splitlines()]
+    assert [ln["step"] for ln in lines] == [0, 1, 2, 3] and lines[1]["x"] is None and lines[0]["n"] == 2.0
+    runlog.truncate_metrics(path, 2)  # resumed from the step-2 checkpoint: lines of steps 0..2 stay
+    assert [json.loads(ln)["step"] for ln in path.read_text().splitlines()] == [0, 1, 2]
+    runlog.truncate_metrics(path, 0)  # a fresh run: no old lines
+    assert not path.exists()
+    runlog.truncate_metrics(path, 3)  # nothing to truncate
+    assert not path.exists()
+
+
+def test_progress_line_shows_missing_and_nan_as_dash():
+    line = runlog.progress_line({"step": 3, "env/reward": 1.5, "env/success": math.nan, "val/success": 0.25,
+                                 "val/reward": 2.0, "val/invalid_action_rate": 0.0})
+    assert line.startswith("step    3") and "reward 1.500" in line and "success -" in line
+    assert "| val success 0.250" in line
