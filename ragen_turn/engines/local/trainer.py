@@ -45,8 +45,6 @@ from ragen_turn.rollout import ChatFormatter, EnvGroupManager, Trajectory, conte
 
 from .sampler import LocalSampler
 
-TOKEN_ADV = ("grpo", "token_gae", "bi_level_gae")
-
 
 @torch.no_grad()
 def evaluate_policy(model, tokenizer, cfg: DictConfig, envs: EnvGroupManager, device, prefix: str = "val",
