@@ -33,7 +33,7 @@ from ragen_turn.rollout import (
     run_episodes,
 )
 
-WARMSTART_VERSION = 1
+WARMSTART_VERSION = 2  # 2: Sokoban rooms from RAGEN's generator rules
 
 
 def _action_name(env: Any, action: Any) -> str:

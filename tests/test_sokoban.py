@@ -477,19 +477,180 @@ def test_gymnasium_wrapper_passes_check_env():
     assert trunc and not term
 
 
-def test_observation_formats_coord_and_grid_coord():
-    from ragen_turn.envs.sokoban import SokobanEnv, SokobanEnvConfig
-
-    grid = SokobanEnv(SokobanEnvConfig(search_depth=6))
-    coord = SokobanEnv(SokobanEnvConfig(search_depth=6, observation_format="coord"))
-    both = SokobanEnv(SokobanEnvConfig(search_depth=6, observation_format="grid_coord"))
-    g, c, gc = grid.reset(seed=3), coord.reset(seed=3), both.reset(seed=3)
-    rows = g.split("\n")
-    p = next((r, row.index(ch)) for r, row in enumerate(rows) for ch in "PS" if ch in row)
-    assert c.splitlines()[0] == f"Player: ({p[0]}, {p[1]})"
-    assert gc == c + "\nGrid:\n" + g
-    for env in (grid, coord, both):
-        env.step("Up")
-    assert both.render() == coord.render() + "\nGrid:\n" + grid.render()
+def test_observation_formats_coord_and_grid_coord_are_ragens_text():
+    """RAGEN's text: board size, then targets (all), boxes off / on target, player (off / on target);
+    empty lists are left out; grid_coord puts both under its own headers."""
+    text = """
+#######
+#P_X__#
+#_O√__#
+#_____#
+#######"""
+    coord = SokobanEnv({"observation_format": "coord"})
+    both = SokobanEnv({"observation_format": "grid_coord"})
+    grid = SokobanEnv()
+    for env in (coord, both, grid):
+        env.set_room(text.strip("\n"), None)
+    expected = ("Board size: 5 rows x 7 cols (zero-indexed).\n"
+                "Targets: (2, 2), (2, 3)\n"
+                "Boxes: (1, 3)\n"
+                "Boxes on target: (2, 3)\n"
+                "Player: (1, 1)")
+    assert coord.render() == expected
+    assert both.render() == "Coordinates: \n" + expected + "\nGrid Map: \n" + grid.render()
+    for env in (coord, both, grid):  # the player steps onto the empty target
+        env.step(DOWN)
+        env.step(RIGHT)
+    expected = ("Board size: 5 rows x 7 cols (zero-indexed).\n"
+                "Targets: (2, 2), (2, 3)\n"
+                "Boxes: (1, 3)\n"
+                "Boxes on target: (2, 3)\n"
+                "Player on target: (2, 2)")
+    assert coord.render() == expected
+    assert both.render() == "Coordinates: \n" + expected + "\nGrid Map: \n" + grid.render()
+    for env in (coord, both, grid):  # push the box off its target: no "Boxes on target" line any more
+        env.step(RIGHT)
+    assert coord.render() == ("Board size: 5 rows x 7 cols (zero-indexed).\n"
+                              "Targets: (2, 2), (2, 3)\n"
+                              "Boxes: (1, 3), (2, 4)\n"
+                              "Player on target: (2, 3)")
+    assert "zero-indexed (row, column)" in coord.instruction and "zero-indexed" not in grid.instruction
     with pytest.raises(ValueError, match="observation_format"):
         SokobanEnvConfig(observation_format="pixels")
+
+
+# ---------------------------------------------------------------- RAGEN's reset rule for boxes on targets
+def test_box_on_target_at_reset_is_paid_on_the_first_step():
+    """RAGEN starts its boxes-on-target count at 0 at reset: a box already on a target is paid +1 on
+    the first step, whatever that step does; later steps compare with the last step's count."""
+    env = room("""
+#######
+#P√_X_#
+#___O_#
+#######""")
+    assert env.boxes_on_target == 0 and not env.done and not env.success
+    _, r, done, info = env.step(UP)  # into the wall: nothing moves
+    assert r == pytest.approx(0.9) and not done and not info["action_is_effective"]
+    assert env.boxes_on_target == 1
+    assert env.step(UP)[1] == pytest.approx(-0.1)  # paid once only
+    _, r, *_ = env.step(RIGHT)  # push the box off its target
+    assert r == pytest.approx(-1.1) and env.boxes_on_target == 0
+
+
+def test_all_boxes_on_targets_at_reset_end_on_the_first_step():
+    env = room("""
+######
+#P√__#
+######""")
+    assert not env.done and not env.success  # RAGEN never ends an episode at reset
+    obs, r, done, info = env.step(DOWN)
+    assert r == pytest.approx(10.9) and done and info["success"]
+
+
+# ---------------------------------------------------------------- RAGEN's generator
+def _ref_ragen_reverse_play(fixed, player, targets, search_depth):
+    """Slow reference of RAGEN's reverse play, on 2-D arrays as RAGEN describes it: a recursive
+    depth-first search with a time-to-live, one global set of explored room states (boxes never
+    pulled are marked 4, pulled ones 3), moves up/down/left/right in that order, each pulling a box
+    that stands behind the player; score = (changes of the pulled box) * (boxes' Manhattan distance
+    from their own targets), 0 while a box or the player covers a target; the first best state wins."""
+    import sys
+    grid_fixed = fixed
+    state = grid_fixed.copy()
+    for t in targets:
+        state[t] = 4
+    state[player] = 5
+    explored = set()
+    best = {"score": -1, "state": None}
+    n_targets = len(targets)
+    changes = [(-1, 0), (1, 0), (0, -1), (0, 1)]
+
+    def dfs(st, mapping, swaps, last, ttl):
+        ttl -= 1
+        if ttl <= 0 or len(explored) >= 300_000:
+            return
+        h = st.tobytes()
+        if h in explored:
+            return
+        score = swaps * sum(abs(b[0] - t[0]) + abs(b[1] - t[1]) for t, b in mapping.items())
+        if int((st == 2).sum()) != n_targets:
+            score = 0
+        if score > best["score"]:
+            best.update(score=score, state=st.copy())
+        explored.add(h)
+        for dr, dc in changes:
+            nxt, m2, last2 = st.copy(), dict(mapping), last
+            pr, pc = map(int, np.argwhere(nxt == 5)[0])
+            qr, qc = pr + dr, pc + dc
+            if nxt[qr, qc] in (1, 2):
+                nxt[qr, qc], nxt[pr, pc] = 5, grid_fixed[pr, pc]
+                br, bc = pr - dr, pc - dc
+                if nxt[br, bc] in (3, 4):
+                    nxt[pr, pc], nxt[br, bc] = 3, grid_fixed[br, bc]
+                    for k in m2:
+                        if m2[k] == (br, bc):
+                            m2[k], last2 = (pr, pc), k
+            dfs(nxt, m2, swaps + (last2 != last), last2, ttl)
+
+    old = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(old, 4 * search_depth + 100))
+    try:
+        dfs(state, {t: t for t in targets}, 0, (-1, -1), search_depth)
+    finally:
+        sys.setrecursionlimit(old)
+    st = best["state"]
+    return best["score"], tuple(map(int, np.argwhere(st == 5)[0])), sorted(map(tuple, np.argwhere((st == 3) | (st == 4)).tolist()))
+
+
+@pytest.mark.parametrize("dims,nb,depth", [((6, 6), 1, 300), ((8, 8), 2, 10), ((7, 7), 2, 25)])
+def test_reverse_play_matches_a_slow_reference_of_ragens(dims, nb, depth):
+    from ragen_turn.envs.sokoban.generation import _reverse_play, _Stream, _topology
+
+    rows, cols = dims
+    rng = random.Random(depth)
+    checked = 0
+    for seed in range(60):
+        fixed = _topology(rows, cols, int(1.7 * (rows + cols)), 0.35, _Stream(seed))
+        cells = [i for i in range(rows * cols) if fixed[i]]
+        if len(cells) <= nb + 1:
+            continue
+        picks = rng.sample(cells, nb + 1)
+        player, targets = picks[0], tuple(picks[1:])
+        for t in targets:
+            fixed[t] = 2
+        score, p, boxes, _, solution = _reverse_play(rows, cols, fixed, player, targets, depth)
+        arr = np.frombuffer(bytes(fixed), dtype=np.uint8).astype(np.int64).reshape(rows, cols)
+        rc = lambda i: divmod(i, cols)  # noqa: E731
+        ref_score, ref_p, ref_boxes = _ref_ragen_reverse_play(arr, rc(player), [rc(t) for t in targets], depth)
+        assert max(score, 0) == max(ref_score, 0), f"seed {seed}"
+        if score > 0:
+            assert rc(p) == ref_p and sorted(rc(b) for b in boxes) == ref_boxes, f"seed {seed}"
+            env = SokobanEnv({"dim_room": dims, "num_boxes": nb})
+            state = arr.copy()
+            for b in boxes:
+                state[rc(b)] = 4
+            state[rc(p)] = 5
+            env.set_room(arr, state)
+            for a in solution:  # the path back solves the room
+                env.step(a)
+            assert env.success
+            checked += 1
+    assert checked >= 20
+
+
+# RAGEN's own generator (mll-lab-nu/RAGEN 2026-04, ragen/env/sokoban/utils.py generate_room, seeded as its
+# SokobanEnv.reset), rooms solved with our solver: mean optimal solution length over 6,000 rooms at 6x6 / 1 box
+# (search_depth 300, RAGEN's default) and 1,000 at 8x8 / 2 boxes (search_depth 10, RAGEN's LargerSokoban).
+RAGEN_MEAN_OPTIMAL = {((6, 6), 1, 300): 4.083, ((8, 8), 2, 10): 5.774}
+
+
+@pytest.mark.parametrize("key", sorted(RAGEN_MEAN_OPTIMAL))
+def test_room_difficulty_within_10_percent_of_ragens(key):
+    dims, nb, depth = key
+    env = SokobanEnv({"dim_room": dims, "num_boxes": nb, "search_depth": depth})
+    lengths = []
+    for seed in range(400):
+        env.reset(seed=seed)
+        lengths.append(env.optimal_steps)
+    mean = float(np.mean(lengths))
+    assert abs(mean / RAGEN_MEAN_OPTIMAL[key] - 1) < 0.10, mean

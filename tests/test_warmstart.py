@@ -12,7 +12,7 @@ from ragen_turn.warmstart import cache_dir, collect_demonstrations, warmstart, w
 
 WS = ["model.warmstart.enable=true", "model.warmstart.episodes=16", "model.warmstart.steps=30",
       "model.warmstart.batch_size=8", "model.warmstart.lr=3e-3", "agent_proxy.max_turn=5",
-      "custom_envs.SimpleSokoban.max_actions_per_traj=10"]
+      "model.warmstart.actions_per_turn=[2,3]", "custom_envs.SimpleSokoban.max_actions_per_traj=15"]
 
 
 def test_key_and_seed_pinning():

@@ -43,14 +43,14 @@ class SokobanEnvConfig:
     dim_room: Tuple[int, int] = (6, 6)          # (rows, cols), outer wall ring included
     max_steps: int = 100                        # env steps per episode (invalid actions count)
     num_boxes: int = 1
-    search_depth: int = 300                     # reverse-play depth of the room generator
+    search_depth: int = 300                     # RAGEN's: reverse play reaches search_depth - 2 moves deep
     grid_lookup: Dict[int, str] = field(default_factory=lambda: dict(DEFAULT_GRID_LOOKUP))
     grid_vocab: Dict[str, str] = field(default_factory=lambda: dict(DEFAULT_GRID_VOCAB))
     action_lookup: Dict[int, str] = field(default_factory=lambda: dict(DEFAULT_ACTION_LOOKUP))
     dim_x: Optional[int] = None                 # RAGEN: dim_room = (dim_x, dim_y) when both are set
     dim_y: Optional[int] = None
     render_mode: str = "text"
-    observation_format: str = "grid"            # RAGEN's: grid | coord (entity coordinates) | grid_coord (both)
+    observation_format: str = "grid"            # RAGEN's: grid | coord (board size, entity cells) | grid_coord
     format_penalty: float = -0.1                # reward of a malformed / unknown action
     action_sep: str = "||"                      # separator of several actions in one string
     max_actions_per_turn: int = 5               # at most this many actions of one string are run

@@ -34,14 +34,19 @@ def build_instruction(config: SokobanEnvConfig) -> str:
         "target; you cannot pull boxes, push two boxes at once, or walk through walls. A box pushed into "
         "a corner can never be moved out again, so plan ahead. "
         f"Valid actions: {', '.join(names)}.{many}"
+        + ("" if config.observation_format == "grid" else
+           " The state lists the zero-indexed (row, column) cells of the targets, boxes and player, "
+           "row 0 being the top wall row and column 0 the left wall column.")
     )
 
 
 class SokobanEnv(BaseDiscreteActionEnv):
     """RAGEN-compatible Sokoban with a text observation (rows joined by newlines, one symbol per cell).
 
-    Rewards as gym-sokoban / RAGEN: -0.1 per step, +1 for a box pushed onto a target, -1 for one
-    pushed off, +10 more when every box is on a target (the episode then ends). A malformed or
+    Rewards as gym-sokoban / RAGEN: -0.1 per step, +1 when the number of boxes on targets rose since
+    the last step, -1 when it fell, +10 more when every box is on a target (the episode then ends).
+    As in RAGEN that count starts at 0 at reset, so boxes already on a target are paid (+1, and +10
+    with success if all are) on the first step, and no episode ends at reset. A malformed or
     unknown action changes nothing, costs ``config.format_penalty`` and reports
     ``info['action_is_valid'] = False``. Every call to :meth:`step` (valid or not) counts towards
     ``max_steps``. A string holding ``config.action_sep`` is run as several actions (at most
@@ -92,6 +97,8 @@ class SokobanEnv(BaseDiscreteActionEnv):
         self._success = False
         self._steps = 0
         self._on = 0
+        self._paid = 0
+        self._targets: List[int] = []
         self._nb = 0
         self._optimal = -1
         self.reward_last = 0.0
@@ -109,7 +116,7 @@ class SokobanEnv(BaseDiscreteActionEnv):
         fr = generate_flat(cfg.dim_room, cfg.num_boxes, cfg.search_depth, seed, cfg.p_change_directions,
                            cfg.num_gen_steps, max_solution_steps=cfg.max_steps)
         self.seed = seed
-        self._load(fr.rows, fr.cols, fr.fixed, fr.player, fr.boxes)
+        self._load(fr.rows, fr.cols, fr.fixed, fr.player, fr.boxes, fr.optimal)
         return self._obs
 
     def set_room(self, room_fixed, room_state=None) -> str:
@@ -141,7 +148,7 @@ class SokobanEnv(BaseDiscreteActionEnv):
             self._sym_cache[key] = cs
         return cs
 
-    def _load(self, rows: int, cols: int, fixed: bytearray, player: int, boxes) -> None:
+    def _load(self, rows: int, cols: int, fixed: bytearray, player: int, boxes, optimal: int = -1) -> None:
         self._rows, self._cols = rows, cols
         self.dim_room = (rows, cols)
         self._fixed = fixed
@@ -153,12 +160,16 @@ class SokobanEnv(BaseDiscreteActionEnv):
         self._nb = len(self._boxes)
         self.num_boxes = self._nb
         self._on = sum(1 for b in self._boxes if fixed[b] == TARGET)
+        # RAGEN's rule: the counter of boxes on targets starts at 0 whatever the room, and an episode
+        # never ends at reset; the first step pays +1 for boxes already on targets (and +10 if all are)
+        self._paid = 0
         self._steps = 0
-        self._success = self._on == self._nb
-        self._done = self._success
+        self._targets = [i for i, v in enumerate(fixed) if v == TARGET]
+        self._success = False
+        self._done = False
         self.reward_last = 0.0
-        self._optimal = -1
-        if self.config.compute_optimal:
+        self._optimal = optimal
+        if optimal < 0 and self.config.compute_optimal:
             sol = solve_flat(rows, cols, fixed, player, self._boxes)
             self._optimal = -1 if sol is None else len(sol)
         self._obs = self._observe()
@@ -231,16 +242,7 @@ class SokobanEnv(BaseDiscreteActionEnv):
                     if fixed[r] and r not in boxes:
                         boxes.remove(q)
                         boxes.add(r)
-                        change = (fixed[r] == TARGET) - (fixed[q] == TARGET)
-                        if change:
-                            self._on += change
-                            if change > 0:
-                                reward += self.REWARD_BOX_ON_TARGET
-                                if self._on == self._nb:
-                                    reward += self.REWARD_FINISHED
-                                    self._success = True
-                            else:
-                                reward += self.PENALTY_BOX_OFF_TARGET
+                        self._on += (fixed[r] == TARGET) - (fixed[q] == TARGET)
                         self._player = q
                         moved = True
                 else:
@@ -248,6 +250,13 @@ class SokobanEnv(BaseDiscreteActionEnv):
                     moved = True
             if moved:
                 self._obs = self._observe()
+        on = self._on
+        if on != self._paid:  # gym-sokoban's count: +1 when it rises, -1 when it falls, from the last step's
+            reward += self.REWARD_BOX_ON_TARGET if on > self._paid else self.PENALTY_BOX_OFF_TARGET
+            self._paid = on
+        if on == self._nb:
+            reward += self.REWARD_FINISHED
+            self._success = True
         done = self._success or self._steps >= self.max_steps
         self._done = done
         self.reward_last = reward
@@ -271,13 +280,18 @@ class SokobanEnv(BaseDiscreteActionEnv):
         if fmt == "grid":
             return self._render()
         cols = self._cols
-
-        def at(ps):
-            return ", ".join(f"({p // cols}, {p % cols})" for p in sorted(ps))
-
-        targets = [i for i, v in enumerate(self._fixed) if v == TARGET]
-        coords = f"Player: {at([self._player])}\nBoxes: {at(self._boxes)}\nTargets: {at(targets)}"
-        return coords if fmt == "coord" else coords + "\nGrid:\n" + self._render()
+        fixed = self._fixed
+        on = sorted(b for b in self._boxes if fixed[b] == TARGET)
+        off = sorted(b for b in self._boxes if fixed[b] != TARGET)
+        p = self._player
+        lines = [f"Board size: {self._rows} rows x {cols} cols (zero-indexed)."]
+        for label, cells in (("Targets", self._targets), ("Boxes", off), ("Boxes on target", on),
+                             ("Player", [] if fixed[p] == TARGET else [p]),
+                             ("Player on target", [p] if fixed[p] == TARGET else [])):
+            if cells:
+                lines.append(f"{label}: " + ", ".join(f"({c // cols}, {c % cols})" for c in cells))
+        coords = "\n".join(lines)
+        return coords if fmt == "coord" else "Coordinates: \n" + coords + "\nGrid Map: \n" + self._render()
 
     def render(self, mode: str | None = "text") -> str:
         """``text`` / ``ansi`` / ``grid``: the observation; ``spaced``: cells separated by spaces."""
@@ -314,11 +328,11 @@ class SokobanEnv(BaseDiscreteActionEnv):
         return new
 
     def get_state(self) -> tuple:
-        return (self._player, frozenset(self._boxes), self._steps, self._on, self._done, self._success,
+        return (self._player, frozenset(self._boxes), self._steps, self._on, self._paid, self._done, self._success,
                 self.reward_last, self._obs)
 
     def set_state(self, state: tuple) -> None:
-        (self._player, boxes, self._steps, self._on, self._done, self._success,
+        (self._player, boxes, self._steps, self._on, self._paid, self._done, self._success,
          self.reward_last, self._obs) = state
         self._boxes = set(boxes)
 
@@ -341,7 +355,8 @@ class SokobanEnv(BaseDiscreteActionEnv):
 
     @property
     def boxes_on_target(self) -> int:
-        return self._on
+        """RAGEN's counter: boxes on targets as of the last step (0 right after reset)."""
+        return self._paid
 
     @property
     def optimal_steps(self) -> int:

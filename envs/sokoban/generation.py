@@ -1,23 +1,34 @@
-"""Sokoban room generation by reverse play (the scheme of gym-sokoban, which RAGEN uses).
+"""Sokoban room generation by reverse play, with the distribution of RAGEN's generator.
 
-1. Topology: a random walk of ``num_steps`` steps (default ``int(1.7 * (rows + cols))``) inside the
-   border; at each step the walk turns to a random direction with probability
-   ``p_change_directions`` (0.35), moves one cell (clamped to the interior) and carves one of five
-   small floor stamps around its position. The outer ring is always wall.
+RAGEN (``ragen/env/sokoban/utils.py``, adapted from gym-sokoban) builds a room in four stages; this
+module follows each stage's rules (so rooms are as hard as RAGEN's: mean optimal solution length
+within 10% of RAGEN's at 6x6 / 1 box and 8x8 / 2 boxes, docs/sokoban.md) with its own code and
+random stream:
+
+1. Topology: a random walk of ``num_steps`` steps (default ``int(1.7 * (rows + cols))``) starting
+   at a random cell with row in [1, rows-1] and column in [1, cols-1]; at each step the walk turns
+   to a random direction with probability ``p_change_directions`` (0.35), moves one cell (clamped
+   to the interior) and carves one of five small floor stamps around its position. The outer ring
+   is always wall.
 2. Placement: the player on a random floor cell, then ``num_boxes`` targets on other floor cells;
    every box starts on its target (the solved position).
-3. Reverse play: a breadth-first search from the solved position in which the player moves or
-   *pulls* a box it stands next to, for at most ``search_depth`` reverse steps. Every reached state
-   with no box and no player on a target is a candidate, scored as
-   ``(number of pulls on its path) * (sum of Manhattan distances of each box from its own target)``;
-   the room is one of the best-scoring candidates (ties broken by the seeded stream). Playing the
-   reverse path forwards solves the room, so every room is solvable, in at most as many steps as the
-   candidate's depth.
+3. Reverse play: a depth-first search from the solved position, trying the moves up, down, left,
+   right in that order, in which the player moves onto a free cell and pulls a box it stands in
+   front of. A state (player cell, box cells, and which boxes were ever pulled) is expanded once,
+   when first reached; states deeper than ``search_depth - 2`` moves are not reached, and the search
+   stops after 300,000 states. A state with no box and no player on a target scores ``(number of
+   times the pulled box changed) * (sum of Manhattan distances of each box from its own target)``;
+   the room is the first state reached with the highest score (a score of 0 tries a new topology).
+4. Player shuffle: with probability 0.8 when the boxes' total displacement is 1, else 0.5, the
+   player walks 1 to 3 steps onto free cells it has not stood on, going on after each step with
+   probability 0.5.
 
-If an attempt is degenerate (too few floor cells, or no candidate with a positive score), the next
-attempt uses the derived seed ``(seed, attempt)``. Randomness is drawn only as raw 64-bit outputs of
-``numpy.random.default_rng(seed)``'s PCG64 and mapped to ranges with integer arithmetic, so the same
-seed gives the same room on any machine and numpy version.
+Playing the shuffle back and the reverse path forwards solves the room, so every room is solvable.
+If an attempt is degenerate (too few floor cells, or no candidate with a positive score), or its
+solution is longer than ``max_solution_steps``, the next attempt uses the derived seed ``(seed,
+attempt)``. Randomness is drawn only as raw 64-bit outputs of ``numpy.random.default_rng(seed)``'s
+PCG64 and mapped to ranges with integer arithmetic, so the same seed gives the same room on any
+machine and numpy version.
 """
 from __future__ import annotations
 
@@ -27,6 +38,7 @@ from typing import Dict, List, NamedTuple, Optional, Tuple
 import numpy as np
 
 from .room import FLOOR, OPPOSITE_ACTION, TARGET, to_arrays
+from .solver import solve_flat
 
 # Floor stamps carved around the walker, as (d_row, d_col) offsets (same shapes as gym-sokoban).
 _STAMPS: Tuple[Tuple[Tuple[int, int], ...], ...] = (
@@ -38,7 +50,8 @@ _STAMPS: Tuple[Tuple[Tuple[int, int], ...], ...] = (
 )
 _WALK_DIRS = ((1, 0), (0, 1), (-1, 0), (0, -1))
 _TWO64 = 1 << 64
-MAX_REVERSE_STATES = 300_000  # as gym-sokoban: stop exploring after this many states
+_P50, _P80 = _TWO64 // 2, (_TWO64 * 4) // 5
+MAX_REVERSE_STATES = 300_000  # as RAGEN / gym-sokoban: stop exploring after this many states
 
 
 class GeneratedRoom(NamedTuple):
@@ -60,6 +73,7 @@ class FlatRoom:
     solution: List[int]           # forward solution from the reverse path
     score: int
     attempt: int                  # 0 = first try with the plain seed
+    optimal: int = -1             # shortest solution length when generation had to compute it, else -1
 
 
 class _Stream:
@@ -110,8 +124,8 @@ def _topology(rows: int, cols: int, num_steps: int, p_change: float, rs: _Stream
     draws = rs.take(3 + 3 * num_steps)
     d = _WALK_DIRS[(draws[0] * 4) >> 64]
     rmax, cmax = rows - 2, cols - 2
-    r = 1 + ((draws[1] * rmax) >> 64)
-    c = 1 + ((draws[2] * cmax) >> 64)
+    r = 1 + ((draws[1] * (rows - 1)) >> 64)  # as RAGEN: the start may be on the far wall row / column;
+    c = 1 + ((draws[2] * (cols - 1)) >> 64)  # the first step clamps it inside
     stamps = _flat_stamps(cols)
     for j in range(3, 3 + 3 * num_steps, 3):
         if draws[j] < thresh:
@@ -153,80 +167,103 @@ def _row_col(rows: int, cols: int) -> tuple:
 
 
 def _reverse_play(rows: int, cols: int, fixed: bytearray, player: int, targets: Tuple[int, ...],
-                  search_depth: int, cand_depth: int, rs: _Stream):
-    """BFS over reverse moves from the solved position; returns (score, player, boxes, solution)."""
+                  search_depth: int):
+    """RAGEN's depth-first reverse play from the solved position (see the module docstring).
+
+    Returns ``(score, player, boxes, displacement, solution)`` of the best state; score 0 means none.
+    """
     n = rows * cols
-    deltas = (-cols, cols, -1, 1)
-    fwd_action = (OPPOSITE_ACTION[1], OPPOSITE_ACTION[2], OPPOSITE_ACTION[3], OPPOSITE_ACTION[4])
+    deltas = (-cols, cols, -1, 1)                     # RAGEN's order: up, down, left, right
+    fwd_action = tuple(OPPOSITE_ACTION[a] for a in (1, 2, 3, 4))  # a reverse move is undone by the opposite
     tmask = 0
     for t in targets:
         tmask |= 1 << t
     R, C = _row_col(rows, cols)
     trc = [(R[t], C[t]) for t in targets]
-
-    # a state: (player, box mask, boxes in target order, pulls, displacement, parent, forward action)
-    states = [(player, tmask, targets, 0, 0, -1, 0)]
-    seen = {tmask * n + player}
-    best_score = 0
-    best: List[int] = []
-    frontier = [0]
-    depth = 0
-    limit = MAX_REVERSE_STATES
-    append = states.append
-    while frontier and depth < search_depth and len(states) < limit:
-        depth += 1
-        is_cand_depth = depth <= cand_depth
-        nxt: List[int] = []
-        for s in frontier:
-            p, m, bx, pu, di, _, _ = states[s]
-            for k in range(4):
-                d = deltas[k]
-                q = p + d
-                if not fixed[q] or (m >> q) & 1:
-                    continue
-                key = m * n + q
-                if key not in seen:  # plain move
-                    seen.add(key)
-                    idx = len(states)
-                    append((q, m, bx, pu, di, s, fwd_action[k]))
-                    nxt.append(idx)
-                    if pu and is_cand_depth and not ((m | (1 << q)) & tmask):
-                        sc = pu * di
-                        if sc > best_score:
-                            best_score, best = sc, [idx]
-                        elif sc == best_score:
-                            best.append(idx)
-                b = p - d
-                if (m >> b) & 1:  # pull the box behind the player onto the player's cell
-                    m2 = m ^ (1 << b) ^ (1 << p)
-                    key = m2 * n + q
-                    if key in seen:
-                        continue
-                    seen.add(key)
-                    i = bx.index(b)
-                    tr, tc = trc[i]
-                    di2 = di + abs(R[p] - tr) + abs(C[p] - tc) - abs(R[b] - tr) - abs(C[b] - tc)
-                    idx = len(states)
-                    append((q, m2, bx[:i] + (p,) + bx[i + 1:], pu + 1, di2, s, fwd_action[k]))
-                    nxt.append(idx)
-                    if is_cand_depth and not ((m2 | (1 << q)) & tmask):
-                        sc = (pu + 1) * di2
-                        if sc > best_score:
-                            best_score, best = sc, [idx]
-                        elif sc == best_score and sc:
-                            best.append(idx)
-        frontier = nxt
-    if not best:
-        return 0, -1, (), []
-    c = best[rs.below(len(best))] if len(best) > 1 else best[0]
-    solution = []  # forwards: undo the reverse moves until every box is back on a target
-    x = c
-    while states[x][5] >= 0:
-        solution.append(states[x][6])
-        x = states[x][5]
-        if states[x][1] == tmask:
+    max_depth = search_depth - 2                      # RAGEN's ttl: the root is depth 0
+    # moves from each cell, pushed in reverse so that up (RAGEN's first) is explored first:
+    # (cell moved to, cell behind the player, forward action that undoes the move)
+    moves: List[tuple] = [()] * n
+    order = [(deltas[k], fwd_action[k]) for k in (3, 2, 1, 0)]
+    for p in range(cols + 1, n - cols - 1):
+        if fixed[p]:
+            moves[p] = tuple([(p + d, p - d, f) for d, f in order if fixed[p + d]])
+    # a stack entry: (state key, player, box mask, pulled-box mask, boxes in target order, swaps,
+    #                 last pulled box, displacement, depth, parent node, forward action)
+    stack = [(tmask * n + player, player, tmask, 0, targets, 0, -1, 0, 0, -1, 0)]
+    seen = set()
+    nodes: List[Tuple[int, int, int]] = []            # explored nodes: (parent node, forward action, box mask)
+    best_score, best = 0, None
+    pop, push, add, record = stack.pop, stack.append, seen.add, nodes.append
+    idx = -1
+    while stack:
+        entry = pop()
+        key, p, m, mp, bx, sw, li, di, depth, parent, act = entry
+        if key in seen:  # a state is expanded once, when first reached
+            continue
+        add(key)
+        idx += 1
+        record((parent, act, m))
+        if sw and not ((m | (1 << p)) & tmask):
+            sc = sw * di
+            if sc > best_score:
+                best_score, best = sc, (idx, entry)
+        if idx + 1 >= MAX_REVERSE_STATES:
             break
-    return best_score, states[c][0], states[c][2], solution
+        if depth >= max_depth:
+            continue
+        d1 = depth + 1
+        for q, b, fwd in moves[p]:
+            if (m >> q) & 1:
+                continue
+            if (m >> b) & 1:                          # pull the box behind the player onto the player's cell
+                m2 = m ^ (1 << b) ^ (1 << p)
+                mp2 = (mp & ~(1 << b)) | (1 << p)
+                k2 = ((mp2 << n | m2) * n) + q
+                if k2 in seen:
+                    continue
+                i = bx.index(b)
+                tr, tc = trc[i]
+                push((k2, q, m2, mp2, bx[:i] + (p,) + bx[i + 1:], sw + (i != li), i,
+                      di + abs(R[p] - tr) + abs(C[p] - tc) - abs(R[b] - tr) - abs(C[b] - tc), d1, idx, fwd))
+            else:
+                k2 = ((mp << n | m) * n) + q
+                if k2 not in seen:
+                    push((k2, q, m, mp, bx, sw, li, di, d1, idx, fwd))
+    if best is None:
+        return 0, -1, (), 0, []
+    idx, (_, p, _, _, bx, _, _, di, _, _, _) = best
+    solution = []  # forwards: undo the reverse moves until every box is back on a target
+    x = idx
+    while nodes[x][2] != tmask:
+        solution.append(nodes[x][1])
+        x = nodes[x][0]
+    return best_score, p, bx, di, solution
+
+
+def _random_walk(fixed: bytearray, cols: int, player: int, boxes: Tuple[int, ...], displacement: int,
+                 rs: _Stream) -> Tuple[int, List[int]]:
+    """RAGEN's player shuffle after reverse play: with probability 0.8 (box displacement 1) or 0.5,
+    1 to 3 steps onto free cells not visited before, going on after each with probability 0.5.
+    Returns the new player cell and the actions that walk it back."""
+    if rs.raw() >= (_P80 if displacement == 1 else _P50):
+        return player, []
+    deltas = (-cols, cols, -1, 1)
+    visited = [player]
+    back: List[int] = []
+    for _ in range(3):
+        moves = [k for k in range(4) if fixed[player + deltas[k]] and player + deltas[k] not in boxes
+                 and player + deltas[k] not in visited]
+        if not moves:
+            break
+        k = moves[rs.below(len(moves))]
+        player += deltas[k]
+        visited.append(player)
+        back.append(OPPOSITE_ACTION[k + 1])
+        if len(back) == 3 or rs.raw() >= _P50:
+            break
+    back.reverse()
+    return player, back
 
 
 def validate_room_params(dim_room, num_boxes: int) -> Tuple[int, int]:
@@ -258,7 +295,6 @@ def generate_flat(dim_room=(6, 6), num_boxes: int = 1, search_depth: int = 300, 
         raise ValueError(f"p_change_directions must be in [0, 1], got {p_change_directions}")
     if num_steps is None:
         num_steps = int(1.7 * (rows + cols))
-    cand_depth = search_depth if max_solution_steps is None else min(search_depth, int(max_solution_steps))
     seed = normalize_seed(seed)
     for attempt in range(max_attempts):
         rs = _Stream(seed if attempt == 0 else [seed, attempt])
@@ -273,10 +309,18 @@ def generate_flat(dim_room=(6, 6), num_boxes: int = 1, search_depth: int = 300, 
             targets.append(t)
             fixed[t] = TARGET
         targets_t = tuple(targets)
-        score, p, boxes, solution = _reverse_play(rows, cols, fixed, player, targets_t,
-                                                  search_depth, cand_depth, rs)
-        if score > 0:
-            return FlatRoom(rows, cols, fixed, p, boxes, targets_t, solution, score, attempt)
+        score, p, boxes, disp, solution = _reverse_play(rows, cols, fixed, player, targets_t, search_depth)
+        if score <= 0:
+            continue
+        p, back = _random_walk(fixed, cols, p, boxes, disp, rs)
+        solution = back + solution
+        optimal = -1
+        if max_solution_steps is not None and len(solution) > max_solution_steps:
+            plan = solve_flat(rows, cols, fixed, p, set(boxes), max_depth=int(max_solution_steps))
+            if plan is None:
+                continue
+            optimal = len(plan)
+        return FlatRoom(rows, cols, fixed, p, boxes, targets_t, solution, score, attempt, optimal)
     raise RuntimeError(f"no solvable {rows}x{cols} room with {num_boxes} box(es) found in {max_attempts} "
                        f"attempts (seed {seed}); the room is probably too small for that many boxes")
 
@@ -286,8 +330,9 @@ def generate_room(dim_room=(6, 6), num_boxes: int = 1, search_depth: int = 300, 
                   max_solution_steps: Optional[int] = None, max_attempts: int = 200) -> GeneratedRoom:
     """Generate a solvable room; the same ``seed`` gives the same room on any machine.
 
-    ``search_depth`` bounds the reverse play (in player steps); ``max_solution_steps`` additionally
-    restricts the candidates to rooms solvable in that many steps (the env passes ``max_steps``).
+    ``search_depth`` is RAGEN's: the reverse play reaches states at most ``search_depth - 2`` moves
+    deep. ``max_solution_steps`` rejects rooms with no solution of at most that many steps (the env
+    passes ``max_steps``); a room whose generated solution is short enough is never solved here.
     Returns :class:`GeneratedRoom` ``(room_fixed, room_state, box_mapping, action_sequence)``.
     """
     fr = generate_flat(dim_room, num_boxes, search_depth, seed, p_change_directions, num_steps,
