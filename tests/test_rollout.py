@@ -29,6 +29,14 @@ from helpers import micro_config, tiny_tokenizer
     ("<answer>Up", False, ([], False)),
     ("x" * 10_000, False, ([], False)),
     ("<answer>" + " || ".join(["Up"] * 9) + "</answer>", False, (["Up"] * 5, True)),
+    # RAGEN searches for the answer: text before it is fine, and a think block without enable_think too
+    ("I should go up. <answer>Up</answer>", False, (["Up"], True)),
+    ("<think>box is left</think><answer>Left</answer>", False, (["Left"], True)),
+    ("plan: <think>a</think>\n <answer>Down</answer> trailing", True, (["Down"], True)),
+    ("<think>a</think> then <answer>Down</answer>", True, ([], False)),  # only whitespace between them
+    ("<answer>Up<|im_end|> || <think>Left</answer>", False, (["Up", "Left"], True)),  # tags inside are removed
+    ("<answer>Up</answer><answer>Down</answer>", False, (["Up"], True)),  # the first answer counts
+    ("<answer>1 || 3</answer>", False, (["1", "3"], True)),  # parsed; the env-state step drops them
 ])
 def test_parse_response(text, think, expected):
     assert parse_response(text, ContextConfig(enable_think=think)) == expected
@@ -93,8 +101,10 @@ def test_malformed_responses_are_penalised_not_crashes():
     assert [line.split(":")[0] for line in lines] == ["[rollout] turn 1/3", "[rollout] turn 2/3", "[rollout] turn 3/3"]
     assert all("1/1 episodes active" in line for line in lines)
     assert ep.num_turns == 3 and ep.format_errors == 2
-    assert ep.num_actions == 2 and ep.num_valid_actions == 1
+    # RAGEN's rule: "dance" is dropped before the env, "Up" is stepped, one penalty for the turn
+    assert ep.num_actions == 1 and ep.num_valid_actions == 1 and ep.num_dropped_actions == 1
     assert ep.turn_rewards[0] == pytest.approx(-0.1)
+    assert ep.turn_rewards[1] == pytest.approx(-0.1 + -0.1)  # the penalty + Up's step cost
 
 
 def test_throttled_log_drops_lines_within_the_interval(monkeypatch):
@@ -140,3 +150,72 @@ def test_seeds_groups_and_val_split():
     with pytest.raises(ValueError, match="custom_envs"):
         EnvGroupManager(cfg.custom_envs, {"env_groups": 1, "group_size": 1,
                                           "env_configs": {"tags": ["Nope"], "n_groups": [1]}})
+
+
+# ---------------------------------------------------------------- RAGEN's env-state step
+def _one_slot(cfg_overrides, tag="SimpleSokoban"):
+    cfg = micro_config(["actor_rollout_ref.rollout.response_length=64"] + cfg_overrides)
+    return cfg, EnvGroupManager(cfg.custom_envs, {"env_groups": 1, "group_size": 1,
+                                                  "env_configs": {"tags": [tag], "n_groups": [1]}}, "train")
+
+
+@pytest.mark.parametrize("answer,stepped,dropped,first_reward", [
+    ("<answer>1 || 3</answer>", 0, 2, -0.1),                    # ids are not names: invalid, as in RAGEN
+    ("<answer>dance || up || jump</answer>", 1, 2, -0.2),       # one penalty for the turn + Up's step cost
+    ("<answer>UP || Left</answer>", 2, 0, None),                # names match case-insensitively
+    ("I think <answer>Up</answer>", 1, 0, -0.1),                # text before the answer is fine
+    ("<answer> </answer>", 0, 0, -0.1),                         # empty answer: the format penalty, once
+])
+def test_invalid_actions_are_dropped_before_the_env_with_one_penalty(answer, stepped, dropped, first_reward):
+    from ragen_turn.engines.local.trainer import context_config
+
+    tok = tiny_tokenizer()
+    cfg, envs = _one_slot(["agent_proxy.max_turn=1"])
+    slot = envs.assign_seeds(0, 0)[0]
+    seen = []
+    real_step = slot.env.step
+    slot.env.step = lambda a: (seen.append(a), real_step(a))[1]
+    (ep,) = run_episodes([slot], TextPolicy(tok, lambda s: answer), ChatFormatter(tok), context_config(cfg))
+    assert len(seen) == stepped and all(type(a) is int for a in seen)  # ids reach the env, never names
+    assert slot.env.num_env_steps == stepped and ep.num_actions == stepped
+    assert ep.num_dropped_actions == dropped
+    if first_reward is not None:
+        assert ep.turn_rewards[0] == pytest.approx(first_reward)
+
+
+def test_dropped_actions_do_not_use_the_action_budget():
+    from ragen_turn.engines.local.trainer import context_config
+
+    tok = tiny_tokenizer()
+    cfg, envs = _one_slot(["agent_proxy.max_turn=3", "custom_envs.SimpleSokoban.max_actions_per_traj=2"])
+    answers = iter(["<answer>fly || fly || fly || Up</answer>", "<answer>Down || Up || Down</answer>",
+                    "<answer>Up</answer>"])
+    (ep,) = run_episodes(envs.assign_seeds(0, 0), TextPolicy(tok, lambda s: next(answers)), ChatFormatter(tok),
+                         context_config(cfg))
+    assert ep.num_actions == 2 and ep.num_dropped_actions == 3 and ep.num_turns == 2  # budget spent on turn 2
+
+
+def test_ragen_style_envs_get_ids_from_names_read_each_turn():
+    """RAGEN's discrete envs assert on anything but their ids; the lookup may change at each reset."""
+    import ragen_style_envs as rs
+    from ragen_turn.engines.local.trainer import context_config
+
+    tok = tiny_tokenizer()
+    cfg = micro_config(["agent_proxy.max_turn=4", "actor_rollout_ref.rollout.response_length=64"])
+    custom = {"Doors": {"env_type": "two_doors", "max_actions_per_traj": 1},
+              "Corridor": {"env_type": "corridor", "max_actions_per_traj": 10, "env_config": {"length": 4}}}
+    for tag, answer in (("Doors", "<answer>gold</answer>"), ("Corridor", "<answer>Right || Right || Right</answer>")):
+        envs = EnvGroupManager(custom, {"env_groups": 4, "group_size": 2,
+                                        "env_configs": {"tags": [tag], "n_groups": [4]}}, "train")
+        before = sum(rs.STEPS.values())
+        eps = run_episodes(envs.assign_seeds(0, 0), TextPolicy(tok, lambda s: answer), ChatFormatter(tok),
+                           context_config(cfg))
+        assert all(e.success and e.num_dropped_actions == 0 for e in eps), tag
+        assert sum(rs.STEPS.values()) - before == sum(e.num_actions for e in eps) > 0
+    # an unknown name (or an id) never reaches the env's assertion
+    envs = EnvGroupManager(custom, {"env_groups": 1, "group_size": 1,
+                                    "env_configs": {"tags": ["Doors"], "n_groups": [1]}}, "train")
+    (ep,) = run_episodes(envs.assign_seeds(0, 0), TextPolicy(tok, lambda s: "<answer>Banker || 1</answer>"),
+                         ChatFormatter(tok), context_config(cfg))
+    assert ep.num_actions == 0 and ep.num_turns == 4 and ep.num_dropped_actions == 2 * 4
+    assert ep.turn_rewards == pytest.approx([-0.1] * 4)

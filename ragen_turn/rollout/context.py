@@ -79,27 +79,50 @@ def user_message(obs: str, turn: int, cfg: ContextConfig, reward: Optional[float
     return "\n".join(parts)
 
 
-_THINK_ANSWER = re.compile(r"^\s*<think>(.*?)</think>\s*<answer>(.*?)</answer>", re.DOTALL)
-_ANSWER = re.compile(r"^\s*(?:<think>.*?</think>\s*)?<answer>(.*?)</answer>", re.DOTALL)
+# RAGEN's answer extraction (ctx_manager): a *search* for the first answer block, so text before it is
+# allowed; with enable_think the answer must follow a think block (whitespace between them only)
+_THINK_ANSWER = re.compile(r"<think>(.*?)</think>\s*<answer>(.*?)</answer>", re.DOTALL)
+_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_SPECIAL = ("<think>", "</think>", "<answer>", "</answer>", "<|im_start|>", "<|im_end|>")
 
 
 def parse_response(text: str, cfg: ContextConfig) -> Tuple[List[str], bool]:
-    """Split a response into actions.
+    """Split a response into actions, as RAGEN's context manager does.
 
-    Returns ``(actions, format_ok)``. The response must hold ``<answer>...</answer>`` (after a
-    ``<think>...</think>`` block when ``enable_think``); its content is split on ``action_sep`` and
-    at most ``max_actions_per_turn`` non-empty actions are kept. A malformed response gives
+    Returns ``(actions, format_ok)``. The first ``<answer>...</answer>`` anywhere in the text counts
+    (with ``enable_think``: the first ``<think>...</think>`` directly followed by one); tag and
+    chat-template tokens left inside it are removed, the rest is split on ``action_sep`` and at
+    most ``max_actions_per_turn`` non-empty actions are kept. No answer, or an empty one, gives
     ``([], False)``: an invalid turn with the format penalty, never an exception.
     """
     if not isinstance(text, str):
         return [], False
-    m = (_THINK_ANSWER if cfg.enable_think else _ANSWER).match(text)
+    m = (_THINK_ANSWER if cfg.enable_think else _ANSWER).search(text)
     if not m:
         return [], False
     answer = m.group(m.lastindex)
+    for tok in _SPECIAL:
+        answer = answer.replace(tok, "")
     actions = [a.strip() for a in answer.split(cfg.action_sep)]
     actions = [a for a in actions if a][: cfg.max_actions_per_turn]
     return actions, bool(actions)
+
+
+_THINK = re.compile(r"<think>(.*?)</think>", re.DOTALL)
+
+
+def think_text(text: str) -> str:
+    """The reasoning of a response, as RAGEN reads it for its collapse measures: the think block an
+    answer follows, else the first think block ('' if none); tags removed, stripped."""
+    if not isinstance(text, str):
+        return ""
+    m = _THINK_ANSWER.search(text) or _THINK.search(text)
+    if not m:
+        return ""
+    think = m.group(1)
+    for tok in _SPECIAL:
+        think = think.replace(tok, "")
+    return think.strip()
 
 
 class ChatFormatter:

@@ -8,7 +8,7 @@ sampling is batched across the whole env batch.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, List, Optional, Protocol, Sequence
+from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence
 
 from .context import ChatFormatter, ContextConfig, parse_response, system_prompt, user_message
 from .env_manager import EnvSlot
@@ -112,24 +112,44 @@ def _play(slots: Sequence[EnvSlot], policy: Policy, formatter: ChatFormatter, cf
     return [s.ep for s in live]
 
 
+def env_action_ids(env: Any) -> Optional[Dict[str, Any]]:
+    """Lower-cased action name -> the id the env is stepped with, when the env declares its actions
+    (RAGEN's ``env.config.action_lookup``, else the env's ``ACTION_LOOKUP``); ``None`` for envs whose
+    actions are free text. Read every turn: an env may change its lookup at reset (RAGEN's Bandit)."""
+    lookup = getattr(getattr(env, "config", None), "action_lookup", None) or getattr(env, "ACTION_LOOKUP", None)
+    if not lookup:
+        return None
+    return {str(name).lower(): k for k, name in dict(lookup).items()}
+
+
 def _step_env(s: _Live, text: str, cfg: ContextConfig) -> tuple[float, str]:
-    """Parse the response, step the env with each action; returns (turn reward, feedback text)."""
+    """RAGEN's env-state manager step: parse the response, map action names to the env's ids (when it
+    declares them), drop the names it does not know, step the env with the rest (within the episode's
+    action budget). One ``format_penalty`` per turn when the answer is missing or any action was
+    dropped. Returns (turn reward, feedback text)."""
     actions, ok = parse_response(text, cfg)
+    ids = env_action_ids(s.slot.env)
+    valid = actions if ids is None else [ids[a.lower()] for a in actions if a.lower() in ids]
+    dropped = len(actions) - len(valid)
     reward = 0.0
     feedback = ""
     if not ok:
         s.ep.format_errors += 1
-        reward += cfg.format_penalty
         feedback = "Invalid format: no valid <answer> ... </answer>."
+    elif dropped:
+        feedback = f"{dropped} invalid action(s) ignored."
+    if dropped or not valid:
+        reward += cfg.format_penalty
+    s.ep.num_dropped_actions += dropped
     invalid = 0
-    for action in actions[: max(s.actions_left, 0)]:
+    for action in valid[: max(s.actions_left, 0)]:
         _, r, done, info = s.slot.env.step(action)
         reward += float(r)
         s.actions_left -= 1
         s.ep.num_actions += 1
-        valid = bool(info.get("action_is_valid", True))
-        s.ep.num_valid_actions += int(valid)
-        invalid += int(not valid)
+        is_valid = bool(info.get("action_is_valid", True))
+        s.ep.num_valid_actions += int(is_valid)
+        invalid += int(not is_valid)
         s.ep.num_effective_actions += int(bool(info.get("action_is_effective", True)))
         if info.get("success"):
             s.ep.success = True

@@ -24,9 +24,10 @@ class Episode:
     env_seed: int
     tag: str = ""
     success: bool = False
-    num_actions: int = 0
-    num_valid_actions: int = 0
-    num_effective_actions: int = 0
+    num_actions: int = 0            # actions that reached the env
+    num_valid_actions: int = 0      # of those, the ones the env called valid
+    num_effective_actions: int = 0  # of those, the ones that changed the env's state
+    num_dropped_actions: int = 0    # action names the env does not declare, dropped before the env
     format_errors: int = 0
     truncated: bool = False
     texts: List[str] = field(default_factory=list)  # the decoded responses, for logs
