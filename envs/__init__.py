@@ -3,10 +3,16 @@
 ``REGISTERED_ENVS[env_type]`` is the env class and ``REGISTERED_ENV_CONFIGS[env_type]`` its
 config dataclass, as in RAGEN's ``ragen.env``. Environments whose optional
 dependencies are missing are simply not registered; ``get_env_class`` says how to get them.
+
+Bring your own env: a module that calls :func:`register_env` is imported by ``env_module=<module>``
+(``bash train.sh <env_type> <algo> env_module=my_pkg.envs``), or by an installed package's entry point
+in the ``ragen_turn.envs`` group (``entry_points={"ragen_turn.envs": ["my_envs = my_pkg.envs"]}``),
+which is loaded when this package is imported.
 """
 from __future__ import annotations
 
-from typing import Any, Dict
+import importlib
+from typing import Any, Dict, Iterable
 
 from .base import BaseDiscreteActionEnv, BaseEnv, BaseLanguageBasedEnv
 
@@ -35,10 +41,44 @@ except ImportError as e:
     _IMPORT_ERRORS["webshop"] = f"{e} (install with: pip install -e '.[webshop]')"
 
 
+def import_env_modules(modules: str | Iterable[str] | None) -> list:
+    """Import the modules named by ``env_module`` (one name, a comma-separated string or a list); each
+    registers its envs when imported. A module that cannot be imported is a ``ValueError`` naming it."""
+    if not modules:
+        return []
+    if isinstance(modules, str):
+        modules = [m for m in modules.split(",")]
+    names = [str(m).strip() for m in modules if str(m).strip()]
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            raise ValueError(f"env_module={name!r} cannot be imported ({e}); the module must be importable "
+                             f"(installed, or its directory on PYTHONPATH)") from None
+    return names
+
+
+def _load_entry_points() -> None:
+    """Import every ``ragen_turn.envs`` entry point (a module, or a function called with no arguments)."""
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group="ragen_turn.envs"):
+        try:
+            obj = ep.load()
+            if callable(obj):
+                obj()
+        except Exception as e:  # a broken plugin must not break the built-in envs
+            _IMPORT_ERRORS[ep.name] = f"entry point {ep.value!r} failed: {type(e).__name__}: {e}"
+
+
+_load_entry_points()
+
+
 def get_env_class(name: str) -> type:
     if name not in REGISTERED_ENVS:
         why = f": {_IMPORT_ERRORS[name]}" if name in _IMPORT_ERRORS else ""
-        raise ValueError(f"unknown env_type {name!r}{why}; registered: {sorted(REGISTERED_ENVS)}")
+        raise ValueError(f"unknown env_type {name!r}{why}; registered: {sorted(REGISTERED_ENVS)} (register your own "
+                         f"with ragen_turn.envs.register_env in a module named by env_module=...)")
     return REGISTERED_ENVS[name]
 
 
@@ -56,5 +96,5 @@ def make_env(name: str, env_config: Dict[str, Any] | None = None) -> BaseEnv:
 
 __all__ = [
     "BaseEnv", "BaseDiscreteActionEnv", "BaseLanguageBasedEnv", "REGISTERED_ENVS",
-    "REGISTERED_ENV_CONFIGS", "register_env", "get_env_class", "make_env",
+    "REGISTERED_ENV_CONFIGS", "register_env", "get_env_class", "make_env", "import_env_modules",
 ]

@@ -142,4 +142,11 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    from ragen_turn.train import prepare_envs
+
+    try:
+        prepare_envs(sys.argv[1:])  # env_module=... and registered envs as env= choices, as for training
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
     main()

@@ -19,11 +19,63 @@ if not OmegaConf.has_resolver("mul"):
     OmegaConf.register_new_resolver("mul", lambda *xs: math.prod(float(x) for x in xs))
 
 
+def _env_modules_in(overrides: list[str]) -> list:
+    """The ``env_module=`` values among command-line overrides (a name or a list of names)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        parsed = OverridesParser.create().parse_overrides([o for o in overrides if "env_module" in o])
+    except Exception:  # a malformed override: Hydra reports it when it composes
+        return []
+    out: list = []
+    for o in parsed:
+        if o.key_or_group.lstrip("+~") == "env_module" and not o.is_delete():
+            v = o.value()
+            out += list(v) if isinstance(v, (list, tuple)) else [v]
+    return [str(v) for v in out if v]
+
+
+def registered_env_config(name: str) -> dict:
+    """The ``env=<name>`` config group entry of a registered env that has no ``config/env/<name>.yaml``:
+    one tag (the env type) for train and val, its config dataclass's defaults as ``env_config``."""
+    import dataclasses
+
+    from ragen_turn.envs import REGISTERED_ENV_CONFIGS
+
+    env_config: dict = {}
+    cfg_cls = REGISTERED_ENV_CONFIGS.get(name)
+    try:  # defaults that OmegaConf can hold; else none (the dataclass fills them in)
+        env_config = OmegaConf.to_container(OmegaConf.create(dataclasses.asdict(cfg_cls())))
+    except Exception:
+        env_config = {}
+    return {
+        "env": {"name": name, "train_tags": [name], "train_n_groups": ["${es_manager.train.env_groups}"],
+                "val_tags": [name], "val_n_groups": ["${es_manager.val.env_groups}"]},
+        "custom_envs": {name: {"env_type": name, "max_actions_per_traj": None, "env_instruction": None,
+                               "env_config": env_config}},
+    }
+
+
+def prepare_envs(overrides: list[str]) -> None:
+    """Before Hydra composes: import the ``env_module=`` modules (they call ``register_env``) and offer every
+    registered env without a ``config/env/<name>.yaml`` as an ``env=<name>`` choice."""
+    from hydra.core.config_store import ConfigStore
+
+    from ragen_turn.envs import REGISTERED_ENVS, import_env_modules
+
+    import_env_modules(_env_modules_in(list(overrides)))
+    cs = ConfigStore.instance()
+    for name in REGISTERED_ENVS:
+        if not (Path(CONFIG_DIR) / "env" / f"{name}.yaml").is_file():
+            cs.store(group="env", name=name, node=registered_env_config(name), package="_global_")
+
+
 def compose_config(overrides: list[str] | None = None) -> DictConfig:
     """The resolved config for ``overrides`` (as on the command line), without starting a run."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
+    prepare_envs(list(overrides or []))
     if GlobalHydra.instance().is_initialized():  # inside a @hydra.main app (e.g. eval re-composing a run)
         cfg = compose(config_name="base", overrides=list(overrides or []))
     else:
@@ -34,7 +86,10 @@ def compose_config(overrides: list[str] | None = None) -> DictConfig:
 
 
 def run(cfg: DictConfig) -> dict:
+    from ragen_turn.envs import import_env_modules
+
     OmegaConf.resolve(cfg)
+    import_env_modules(cfg.get("env_module"))  # before any check reads custom_envs.*.env_type
     engine = cfg.engine.name
     if engine == "local":
         from ragen_turn.engines.local.trainer import build_trainer
@@ -67,4 +122,9 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    try:
+        prepare_envs(sys.argv[1:])
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
     main()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import numbers
 import os
 import random
 import time
@@ -30,6 +31,7 @@ from ragen_turn.rollout import (
     TextPolicy,
     Trajectory,
     context_config,
+    declared_actions,
     run_episodes,
 )
 
@@ -37,10 +39,38 @@ WARMSTART_VERSION = 2  # 2: Sokoban rooms from RAGEN's generator rules
 
 
 def _action_name(env: Any, action: Any) -> str:
-    lookup = getattr(env, "ACTION_LOOKUP", None) or {}
-    if isinstance(action, (int,)) and action in lookup:
-        return str(lookup[action])
+    """A solver's action as the model writes it: the name of an id the env declares (numpy integers too)."""
+    lookup = declared_actions(env) or {}
+    if isinstance(action, numbers.Integral) and not isinstance(action, bool):
+        for k, name in lookup.items():
+            if k == int(action):
+                return str(name)
     return str(action)
+
+
+def warmstart_enabled(cfg: DictConfig, log=print) -> bool:
+    """Resolve ``model.warmstart.enable`` (true | false | auto) before any work.
+
+    ``auto`` warm-starts when every train env can make demonstrations (has ``solve()``) and otherwise says so
+    in one line and trains from the base model; ``true`` without a solver is an error naming the key."""
+    from ragen_turn.envs import get_env_class
+
+    enable = cfg.model.get("warmstart", {}).get("enable", False)
+    if enable not in (True, False, "auto"):
+        raise ValueError(f"model.warmstart.enable must be true, false or auto, got {enable!r}")
+    if enable is False:
+        return False
+    types = {cfg.custom_envs[t].env_type for t in cfg.es_manager.train.env_configs.tags}
+    lacking = sorted(t for t in types if not callable(getattr(get_env_class(t), "solve", None)))
+    if not lacking:
+        return True
+    if enable is True:
+        raise ValueError(f"model.warmstart.enable=true needs env.solve() for demonstrations, and env_type "
+                         f"{', '.join(lacking)} has none: set model.warmstart.enable=auto (RL from the base model) "
+                         "or false")
+    log(f"[warmstart] skipped: env_type {', '.join(lacking)} has no solve() to make demonstrations; "
+        "RL starts from the base model (model.warmstart.enable=auto)")
+    return False
 
 
 def demo_responder(cfg: DictConfig, seed: int):
@@ -90,6 +120,7 @@ def warmstart_seed(cfg: DictConfig) -> int:
 def warmstart_key(cfg: DictConfig, tokenizer: Any) -> str:
     model = OmegaConf.to_container(cfg.model, resolve=True)
     model["warmstart"].pop("seed", None)  # counted once, as "seed" below
+    model["warmstart"].pop("enable", None)  # whether it runs, not what it trains
     parts = {
         "version": WARMSTART_VERSION,
         "model": model,

@@ -112,14 +112,18 @@ def _play(slots: Sequence[EnvSlot], policy: Policy, formatter: ChatFormatter, cf
     return [s.ep for s in live]
 
 
-def env_action_ids(env: Any) -> Optional[Dict[str, Any]]:
-    """Lower-cased action name -> the id the env is stepped with, when the env declares its actions
-    (RAGEN's ``env.config.action_lookup``, else the env's ``ACTION_LOOKUP``); ``None`` for envs whose
-    actions are free text. Read every turn: an env may change its lookup at reset (RAGEN's Bandit)."""
+def declared_actions(env: Any) -> Optional[Dict[Any, str]]:
+    """The env's action id -> name table when it declares one (RAGEN's ``env.config.action_lookup``, else
+    the env's ``ACTION_LOOKUP``); ``None`` for envs whose actions are free text. Read it every turn: an
+    env may draw its table at reset (RAGEN's Bandit)."""
     lookup = getattr(getattr(env, "config", None), "action_lookup", None) or getattr(env, "ACTION_LOOKUP", None)
-    if not lookup:
-        return None
-    return {str(name).lower(): k for k, name in dict(lookup).items()}
+    return dict(lookup) if lookup else None
+
+
+def env_action_ids(env: Any) -> Optional[Dict[str, Any]]:
+    """Lower-cased action name -> the id the env is stepped with (``None``: free-text actions)."""
+    lookup = declared_actions(env)
+    return None if lookup is None else {str(name).lower(): k for k, name in lookup.items()}
 
 
 def _step_env(s: _Live, text: str, cfg: ContextConfig) -> tuple[float, str]:

@@ -85,9 +85,9 @@ class StarPOTrainer:
 
         self.actor, self.tokenizer = load_model_and_tokenizer(model_config(cfg), device="cpu", dtype=cfg.dtype)
         self.tokenizer.padding_side = "left"
-        if cfg.model.get("warmstart", {}).get("enable", False):
-            from ragen_turn.warmstart import warmstart
+        from ragen_turn.warmstart import warmstart, warmstart_enabled
 
+        if warmstart_enabled(cfg, log):
             self.actor = warmstart(self.actor, self.tokenizer, cfg, log=log)
         self.actor.to(self.device)
         self.ref = None

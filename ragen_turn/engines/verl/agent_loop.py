@@ -29,7 +29,7 @@ from uuid import uuid4
 from omegaconf import OmegaConf
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput, register
 
-from ragen_turn.envs import make_env
+from ragen_turn.envs import import_env_modules, make_env
 from ragen_turn.rollout import ChatFormatter, EnvSlot, context_config, run_episodes
 from ragen_turn.rollout.trajectory import Episode
 
@@ -205,6 +205,7 @@ class RagenEnvAgentLoop(AgentLoopBase):
         kwargs.pop("tools", None)
         super().__init__(*args, **kwargs)
         self.rcfg = self.config.ragen
+        import_env_modules(self.rcfg.get("env_module"))  # this worker's registry gets the run's own envs
         self.env_specs = OmegaConf.to_container(self.rcfg.custom_envs, resolve=True)
         self.ctx = context_config(self.rcfg)
         self.formatter = formatter_for(self.tokenizer)
