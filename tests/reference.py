@@ -117,6 +117,42 @@ def ref_bi_level(turn_rewards, values, mask, gamma, lam, high_gamma):
     return adv, (adv + values) * mask
 
 
+def ref_ragen_bi_level(token_rewards, values, mask, gamma, lam, high_gamma):
+    """RAGEN's bi-level GAE as its code reads (``compute_bi_level_gae_advantage_return``), written again from
+    that description, before its final whitening. Turn ends are the tokens whose reward is non-zero. High
+    level, backwards over the ends: delta = r_end + high_gamma * V(next end) - V(end) (0 past the last end),
+    GAE with high_gamma * lam; the end's reward becomes its return A + V(end). Low level, backwards over the
+    masked tokens: at an end, the running GAE restarts and the next value is 0; elsewhere the next value is
+    the next masked token's (past the last masked token: 0, where RAGEN's loop would index past its end)."""
+    B, T = mask.shape
+    adv = torch.zeros(B, T)
+    ret = torch.zeros(B, T)
+    for b in range(B):
+        r = [float(x) for x in token_rewards[b]]
+        ends = [t for t in range(T) if r[t] != 0]
+        last = 0.0
+        for i in range(len(ends) - 1, -1, -1):
+            v_next = values[b, ends[i + 1]].item() if i + 1 < len(ends) else 0.0
+            delta = r[ends[i]] + high_gamma * v_next - values[b, ends[i]].item()
+            last = delta + high_gamma * lam * last
+            adv[b, ends[i]] = last
+        for t in ends:
+            r[t] = adv[b, t].item() + values[b, t].item()
+        pos = [t for t in range(T) if mask[b, t] == 1]
+        last = 0.0
+        for i in range(len(pos) - 1, -1, -1):
+            t = pos[i]
+            if t in ends:
+                v_next, last = 0.0, 0.0
+            else:
+                v_next = values[b, pos[i + 1]].item() if i + 1 < len(pos) else 0.0
+            delta = r[t] + gamma * v_next - values[b, t].item()
+            last = delta + gamma * lam * last
+            adv[b, t] = last
+            ret[b, t] = last + values[b, t].item()
+    return adv * mask, ret * mask
+
+
 def _surrogate(w, A, low, high):
     return -min(w * A, min(max(w, 1 - low), 1 + high) * A)
 

@@ -119,3 +119,79 @@ def test_train_sh_with_env_module_runs(tmp_path):
     bad = subprocess.run(["bash", "train.sh", "corridor", "turn_ppo", "env_module=no_such_pkg", *micro],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "env_module='no_such_pkg' cannot be imported" in bad.stderr
+
+
+# ---------------------------------------------------------------- RAGEN-2's collapse measures
+def test_collapse_measures_hand_case():
+    import math
+
+    import torch
+
+    from ragen_turn.algos.collapse import collapse_measures
+
+    p = torch.tensor([[0.9, 0.1], [0.2, 0.8], [0.6, 0.2]], dtype=torch.float64).log()  # p(z_i | x_j)
+    col = torch.tensor([0, 1, 0])
+    m = collapse_measures(p, 3 * p, col)
+    matched = np.log([0.9, 0.8, 0.6])
+    marginal = np.log([0.5, 0.5, 0.4])
+    assert m["collapse/mi_estimate"] == pytest.approx(np.mean(matched - marginal))
+    assert m["collapse/mi_upper_bound"] == pytest.approx(math.log(2))
+    assert m["collapse/conditional_entropy_est"] == pytest.approx(-np.mean(matched))
+    assert m["collapse/reasoning_entropy_est"] == pytest.approx(-np.mean(marginal))
+    assert m["collapse/mi_zscore"] == pytest.approx(np.mean((matched - marginal) / (np.std(marginal) + 1e-3)))
+    assert m["collapse/retrieval_accuracy"] == pytest.approx(1.0) and m["collapse/retrieval_chance_level"] == 0.5
+    # summed log-probs (3x each log-prob here): the same measures on sequences
+    sm = 3 * matched
+    sq = np.log([(0.9 ** 3 + 0.1 ** 3) / 2, (0.2 ** 3 + 0.8 ** 3) / 2, (0.6 ** 3 + 0.2 ** 3) / 2])
+    assert m["collapse/mi_seq_estimate"] == pytest.approx(np.mean(sm - sq))
+    assert m["collapse/mi_zscore_seq"] == pytest.approx(np.mean((sm - sq) / (np.std(sq) + 1e-3)))
+    assert m["collapse/conditional_entropy_seq_est"] == pytest.approx(-np.mean(sm))
+
+
+def test_collapse_measures_see_template_collapse():
+    import torch
+
+    from ragen_turn.algos.collapse import collapse_measures
+
+    g = torch.Generator().manual_seed(0)
+    same = torch.randn(12, 1, generator=g).expand(12, 4)  # reasoning as likely after any prompt
+    col = torch.arange(12) % 4
+    m = collapse_measures(same, same, col)
+    assert m["collapse/mi_estimate"] == pytest.approx(0.0, abs=1e-12) and m["collapse/mi_zscore"] == pytest.approx(0.0)
+    tied = torch.randn(12, 4, generator=g) - 5 * torch.nn.functional.one_hot(col, 4).logical_not()
+    m2 = collapse_measures(tied, tied, col)
+    assert 0 < m2["collapse/mi_estimate"] <= m2["collapse/mi_upper_bound"] + 1e-9
+    assert collapse_measures(same[:, :1], same[:, :1], torch.zeros(12, dtype=torch.long)) == {}  # one prompt
+
+
+def test_collapse_metrics_on_real_episodes():
+    """Cross log-probs from the micro model agree with scoring each [x_j, <think>, z_i] alone."""
+    import torch
+
+    from ragen_turn.engines.local.collapse import collapse_metrics, cross_logprobs, first_turn_pairs
+    from ragen_turn.models import load_model_and_tokenizer, sequence_logprobs
+    from ragen_turn.engines.local.trainer import context_config
+    from ragen_turn.rollout import ChatFormatter, EnvGroupManager, run_episodes
+
+    cfg = micro_config(["agent_proxy.enable_think=true", "actor_rollout_ref.rollout.response_length=48",
+                        "es_manager.train.env_groups=3", "es_manager.train.group_size=2"])
+    model, tok = load_model_and_tokenizer({k: v for k, v in dict(cfg.model).items() if k != "warmstart"})
+    thoughts = iter(["<think>box left</think><answer>Left</answer>", "<think>up</think><answer>Up</answer>",
+                     "no think", "<think>push it</think><answer>Down</answer>"] * 3)
+    envs = EnvGroupManager(cfg.custom_envs, cfg.es_manager.train, "train")
+    eps = run_episodes(envs.assign_seeds(0, 0), TextPolicy(tok, lambda s: next(thoughts)), ChatFormatter(tok),
+                       context_config(cfg))
+    enc = lambda t: list(tok(t, add_special_tokens=False)["input_ids"])  # noqa: E731
+    prompts, reasoning, groups = first_turn_pairs(eps, enc)
+    assert len(prompts) == 3 and len(reasoning) == 5  # one of the six first answers does not think
+    mean, total = cross_logprobs(model, prompts, reasoning, tok.pad_token_id, "cpu", micro_batch_size=2)
+    for i, z in enumerate(reasoning):
+        for j, g in enumerate(sorted(prompts)):
+            ids = torch.tensor([prompts[g] + z])
+            lp = sequence_logprobs(model, ids, torch.ones_like(ids))[0, len(prompts[g]):].detach()
+            assert float(total[i, j]) == pytest.approx(float(lp.sum()), abs=1e-4)
+            assert float(mean[i, j]) == pytest.approx(float(lp.mean()), abs=1e-4)
+    m = collapse_metrics(model, tok, eps, "cpu")
+    assert m["collapse/first_turn_valid_rate"] == pytest.approx(5 / 6)
+    for key in ("collapse/mi_estimate", "collapse/mi_zscore", "collapse/conditional_entropy_est"):
+        assert np.isfinite(m[key]), key
