@@ -129,8 +129,11 @@ def main(cfg: DictConfig) -> None:
         print("error: give the checkpoint: +checkpoint=DIR (or use eval.sh)", file=sys.stderr)
         sys.exit(2)
     try:
+        from ragen_turn.ragen_keys import apply_ragen_keys
+
         cfg = config_for_eval(cfg, list(HydraConfig.get().overrides.task))
         OmegaConf.resolve(cfg)
+        apply_ragen_keys(cfg)
         m = evaluate_checkpoint(cfg)
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -142,10 +145,10 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    from ragen_turn.train import prepare_envs
+    from ragen_turn.train import prepare_cli
 
     try:
-        prepare_envs(sys.argv[1:])  # env_module=... and registered envs as env= choices, as for training
+        prepare_cli()  # RAGEN's keys, env_module=... and registered envs as env= choices, as for training
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

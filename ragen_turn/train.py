@@ -75,20 +75,27 @@ def compose_config(overrides: list[str] | None = None) -> DictConfig:
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    prepare_envs(list(overrides or []))
+    from ragen_turn.ragen_keys import apply_ragen_keys, move_ragen_overrides
+
+    overrides = move_ragen_overrides(list(overrides or []))
+    prepare_envs(overrides)
     if GlobalHydra.instance().is_initialized():  # inside a @hydra.main app (e.g. eval re-composing a run)
         cfg = compose(config_name="base", overrides=list(overrides or []))
     else:
         with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
             cfg = compose(config_name="base", overrides=list(overrides or []))
     OmegaConf.resolve(cfg)
+    apply_ragen_keys(cfg)
     return cfg
 
 
 def run(cfg: DictConfig) -> dict:
     from ragen_turn.envs import import_env_modules
 
+    from ragen_turn.ragen_keys import apply_ragen_keys
+
     OmegaConf.resolve(cfg)
+    apply_ragen_keys(cfg)  # RAGEN's keys onto ours (or a stop naming ours), recorded in ragen_aliases
     import_env_modules(cfg.get("env_module"))  # before any check reads custom_envs.*.env_type
     engine = cfg.engine.name
     if engine == "local":
@@ -121,9 +128,17 @@ def main(cfg: DictConfig) -> None:
         sys.exit(2)
 
 
+def prepare_cli() -> None:
+    """Before ``@hydra.main`` composes ``sys.argv``: RAGEN's keys moved aside, ``env_module=`` imported."""
+    from ragen_turn.ragen_keys import move_ragen_overrides
+
+    sys.argv[1:] = move_ragen_overrides(sys.argv[1:])
+    prepare_envs(sys.argv[1:])
+
+
 if __name__ == "__main__":
     try:
-        prepare_envs(sys.argv[1:])
+        prepare_cli()
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -195,3 +195,109 @@ def test_collapse_metrics_on_real_episodes():
     assert m["collapse/first_turn_valid_rate"] == pytest.approx(5 / 6)
     for key in ("collapse/mi_estimate", "collapse/mi_zscore", "collapse/conditional_entropy_est"):
         assert np.isfinite(m[key]), key
+
+
+# ---------------------------------------------------------------- RAGEN's config keys
+MAPPED = [  # RAGEN override(s) -> our key: value in the resolved config
+    (["algo=token_ppo", "algorithm.bi_level_gae=True"], {"algorithm.adv_estimator": "bi_level_gae",
+                                                          "algorithm.bi_level_gae_turn_ends": "rewards"}),
+    (["algo=token_ppo", "algorithm.adv_estimator=gae"], {"algorithm.adv_estimator": "token_gae"}),
+    (["algo=bi_level_gae", "algorithm.adv_estimator=gae", "algorithm.bi_level_gae=True"],
+     {"algorithm.adv_estimator": "bi_level_gae"}),
+    (["algorithm.bi_level_gae=False"], {"algorithm.adv_estimator": "turn_gae"}),
+    (["actor_rollout_ref.rollout.val_kwargs.temperature=0.5"], {"actor_rollout_ref.rollout.val_temperature": 0.5}),
+    (["actor_rollout_ref.rollout.val_kwargs.do_sample=False", "actor_rollout_ref.rollout.val_kwargs.temperature=0.5"],
+     {"actor_rollout_ref.rollout.val_temperature": 0.0}),
+    (["actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean"],
+     {"actor_rollout_ref.actor.policy_loss.loss_agg_mode": "seq-mean-token-mean"}),
+    (["actor_rollout_ref.actor.kl_loss_type=low-var-kl"], {"actor_rollout_ref.actor.kl_loss_type": "low_var_kl"}),
+    (["actor_rollout_ref.actor.kl_loss_type=k2"], {"actor_rollout_ref.actor.kl_loss_type": "mse"}),
+    (["trainer.logger=[console,wandb]"], {"logger": "wandb"}),
+    (["trainer.logger=[console]"], {"logger": "console"}),
+    (["trainer.project_name=myproj"], {"wandb.project": "myproj"}),
+    (["seed.train=7"], {"seed": 7}),
+    (["agent_proxy.max_context_window=-1", "agent_proxy.context_window_mode=full"], {"agent_proxy.max_turn": 2}),
+    (["actor_rollout_ref.rollout.rollout_filter_value=0.5", "actor_rollout_ref.rollout.rollout_filter_strategy=top_k"],
+     {"actor_rollout_ref.rollout.rollout_filter_ratio": 0.5}),
+    (["actor_rollout_ref.rollout.rollout_filter_value=1", "actor_rollout_ref.rollout.rollout_filter_strategy=top_k_abs"],
+     {"actor_rollout_ref.rollout.rollout_filter_ratio": 0.5}),  # 1 of the 2 env groups
+    (["actor_rollout_ref.rollout.rollout_filter_value=1.0"], {"actor_rollout_ref.rollout.rollout_filter_ratio": 1.0}),
+    (["actor_rollout_ref.rollout.rollout_filter_type=largest", "actor_rollout_ref.rollout.rollout_filter_metric=reward"],
+     {"actor_rollout_ref.rollout.rollout_filter_type": "mean"}),
+    (["actor_rollout_ref.rollout.rollout_filter_type=largest"], {"actor_rollout_ref.rollout.rollout_filter_type": "std"}),
+    (["actor_rollout_ref.rollout.rollout_filter_include_zero=True"], {"actor_rollout_ref.rollout.rollout_filter_ratio": 1.0}),
+    (["actor_rollout_ref.model.path=/models/q"], {"model.path": "/models/q"}),
+    (["enable_response_mask=True"], {"agent_proxy.max_turn": 2}),
+    (["algorithm.kl_ctrl.kl_coef=0.0", "algorithm.kl_ctrl.type=fixed", "algorithm.kl_penalty=kl"], {"seed": 0}),
+    (["critic.ppo_mini_batch_size=2", "critic.ppo_micro_batch_size_per_gpu=2"], {"ppo_mini_batch_size": 2}),
+    (["actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1"],
+     {"ppo_mini_batch_size": 4, "micro_batch_size_per_gpu": 1}),
+    (["actor_rollout_ref.rollout.max_model_len=3600"], {"agent_proxy.max_context_tokens": 3600}),
+    (["trainer.n_gpus_per_node=1"], {"engine.name": "local"}),
+    (["engine=verl", "model=tiny", "trainer.n_gpus_per_node=4", "actor_rollout_ref.rollout.gpu_memory_utilization=0.3",
+      "actor_rollout_ref.rollout.tensor_model_parallel_size=2"],
+     {"trainer.n_gpus_per_node": 4, "engine.verl.gpu_memory_utilization": 0.3, "engine.verl.rollout_tp": 2}),
+    (["lora.rank=0", "lora.alpha=64", "lora.target_modules=all-linear"], {"seed": 0}),
+    (["collapse_detection.compute_freq=3", "collapse_detection.num_samples=all"],
+     {"trainer.collapse_freq": 3, "trainer.collapse_num_samples": None}),
+]
+
+STOPPED = [  # RAGEN override(s) -> the message names our key
+    (["actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum"], "actor_rollout_ref.actor.policy_loss.loss_agg_mode"),
+    (["actor_rollout_ref.actor.kl_loss_type=full"], "actor_rollout_ref.actor.kl_loss_type"),
+    (["trainer.logger=[console,tensorboard]"], "our key is logger"),
+    (["seed.val=123"], "`seed`"),
+    (["agent_proxy.max_context_window=1"], "agent_proxy.max_context_tokens"),
+    (["agent_proxy.context_window_mode=single_turn"], "agent_proxy.max_context_tokens"),
+    (["actor_rollout_ref.rollout.rollout_filter_value=0.5"], "actor_rollout_ref.rollout.rollout_filter_ratio"),
+    (["actor_rollout_ref.rollout.rollout_filter_strategy=min_p"], "actor_rollout_ref.rollout.rollout_filter_ratio"),
+    (["actor_rollout_ref.rollout.rollout_filter_type=smallest"], "actor_rollout_ref.rollout.rollout_filter_type"),
+    (["actor_rollout_ref.rollout.rollout_filter_include_zero=False"], "actor_rollout_ref.rollout.rollout_filter_ratio"),
+    (["enable_response_mask=False"], "response_mask"),
+    (["algorithm.kl_ctrl.kl_coef=0.001"], "actor_rollout_ref.actor.kl_loss_coef"),
+    (["critic.ppo_mini_batch_size=1"], "set ppo_mini_batch_size"),
+    (["critic.ppo_micro_batch_size_per_gpu=1"], "set micro_batch_size_per_gpu"),
+    (["actor_rollout_ref.rollout.gpu_memory_utilization=0.3"], "engine.verl.gpu_memory_utilization"),
+    (["actor_rollout_ref.rollout.tensor_model_parallel_size=2"], "engine.verl.rollout_tp"),
+    (["trainer.n_gpus_per_node=8"], "trainer.n_gpus_per_node"),
+    (["lora.rank=8"], "lora.rank=0"),
+    (["algo=grpo", "algorithm.adv_estimator=grpo", "algorithm.bi_level_gae=True"], "algorithm.adv_estimator=gae"),
+]
+
+
+@pytest.mark.parametrize("overrides,expected", MAPPED)
+def test_ragen_keys_map_onto_ours_visibly(overrides, expected):
+    from omegaconf import OmegaConf
+
+    cfg = micro_config(overrides)
+    for key, value in expected.items():
+        assert OmegaConf.select(cfg, key) == value, key
+    given = [o.split("=", 1)[0] for o in overrides if not o.startswith(("algo=", "engine=", "model="))]
+    recorded = " ".join(cfg.ragen_aliases)
+    assert all(k in recorded for k in given), (given, dict(cfg.ragen_aliases))  # visible in the resolved config
+
+
+@pytest.mark.parametrize("overrides,names", STOPPED)
+def test_ragen_keys_without_our_meaning_stop_naming_our_key(overrides, names):
+    with pytest.raises(ValueError) as e:
+        micro_config(overrides)
+    assert names in str(e.value)
+
+
+def test_every_ragen_key_is_tested_and_in_the_docs_table():
+    from ragen_turn.ragen_keys import ALIASES
+
+    tested = {o.split("=", 1)[0] for ovs, _ in MAPPED + STOPPED for o in ovs}
+    doc = (ROOT / "docs" / "ragen_keys.md").read_text()
+    for a in ALIASES:
+        assert a.key in tested, a.key
+        assert f"`{a.key}`" in doc, a.key
+
+
+def test_ragen_keys_stop_the_command_line_before_work(tmp_path):
+    res = subprocess.run(["bash", "train.sh", "sokoban", "turn_ppo", "seed.val=5",
+                          f"trainer.default_local_dir={tmp_path / 'run'}"],
+                         cwd=ROOT, env={**os.environ, "PYTHON": sys.executable}, capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 2 and "seed.val=5" in res.stderr and "`seed`" in res.stderr
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
