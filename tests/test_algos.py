@@ -452,3 +452,45 @@ def test_turn_ids_from_mask_matches_reference_on_random_batches():
             assert turns_of(mask[b]) == turns[b]
             for h, toks in enumerate(turns[b]):
                 assert all(tid[b, t].item() == h for t in toks)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_bi_level_gae_turn_ends_rewards_matches_a_port_of_ragens_function(seed):
+    """algorithm.bi_level_gae_turn_ends=rewards against RAGEN's function (ported in tests/reference.py) on
+    turns of which about 30% have a zero reward, and on RAGEN's default (use_turn_scores=False: the sum on
+    the last turn, so one segment over the whole episode)."""
+    from reference import ref_ragen_bi_level
+
+    mask, _ = random_batch(100 + seed, B=6, max_turns=5, max_len=6)
+    g = torch.Generator().manual_seed(seed)
+    tid = turn_ids_from_mask(mask)
+    H = int(tid.max()) + 1
+    tm = turn_mask_from_ids(tid, H)
+    turn_r = torch.randn(6, H, generator=g) * (torch.rand(6, H, generator=g) > 0.3) * tm
+    values = torch.randn(*mask.shape, generator=g) * mask
+    gamma, lam, hg = [(1.0, 1.0, 0.95), (0.99, 0.9, 0.9), (0.9, 0.95, 1.0)][seed % 3]
+    last = (tm.sum(dim=1).long() - 1)[:, None]
+    episode_sum = torch.zeros_like(turn_r).scatter(1, last, turn_r.sum(dim=1, keepdim=True))
+    for tr in (turn_r, episode_sum):
+        a, r = compute_bi_level_gae(tr, values, mask, gamma, lam, hg, turn_ends="rewards")
+        ra, rr = ref_ragen_bi_level(place_turn_rewards(tr, tid), values, mask, gamma, lam, hg)
+        assert torch.allclose(a, ra, atol=1e-5) and torch.allclose(r, rr, atol=1e-5)
+    # with every turn's reward non-zero the two definitions of a turn agree
+    nonzero = torch.where(tm.bool() & (turn_r == 0), torch.full_like(turn_r, 0.5), turn_r)
+    a1, r1 = compute_bi_level_gae(nonzero, values, mask, gamma, lam, hg, turn_ends="rewards")
+    a2, r2 = compute_bi_level_gae(nonzero, values, mask, gamma, lam, hg, turn_ends="mask")
+    assert torch.allclose(a1, a2, atol=1e-5) and torch.allclose(r1, r2, atol=1e-5)
+
+
+def test_bi_level_gae_turn_ends_differ_on_zero_reward_turns_and_are_checked():
+    mask = torch.tensor([[0.0, 1, 1, 0, 1, 1]])
+    vals = torch.tensor([[0.0, 0.1, 0.5, 0.0, 0.2, 0.7]])
+    r = torch.tensor([[0.0, 1.0]])  # the first turn's reward is 0: RAGEN joins it to the second
+    a_mask, _ = compute_bi_level_gae(r, vals, mask, 1.0, 1.0, 0.9, turn_ends="mask")
+    a_rew, _ = compute_bi_level_gae(r, vals, mask, 1.0, 1.0, 0.9, turn_ends="rewards")
+    # one segment, reward 1 at its end (pos 5): A5 = 1 - .7 = .3, A4 = .7 - .2 + .3 = .8, A2 = .2 - .5 + .8 = .5,
+    # A1 = .5 - .1 + .5 = .9 (the token GAE chains across the environment tokens at pos 3)
+    assert torch.allclose(a_rew, torch.tensor([[0.0, 0.9, 0.5, 0.0, 0.8, 0.3]]), atol=1e-6)
+    assert not torch.allclose(a_mask, a_rew)
+    with pytest.raises(ValueError, match="bi_level_gae_turn_ends"):
+        compute_bi_level_gae(r, vals, mask, 1.0, 1.0, 0.9, turn_ends="tokens")

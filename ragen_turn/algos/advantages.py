@@ -203,13 +203,21 @@ def compute_turn_gae(turn_rewards: torch.Tensor, turn_values: torch.Tensor, turn
 # --------------------------------------------------------------------------------------------
 @torch.no_grad()
 def compute_bi_level_gae(turn_rewards: torch.Tensor, values: torch.Tensor, response_mask: torch.Tensor,
-                         gamma: float, lam: float, high_level_gamma: float) -> tuple[torch.Tensor, torch.Tensor]:
+                         gamma: float, lam: float, high_level_gamma: float,
+                         turn_ends: str = "mask") -> tuple[torch.Tensor, torch.Tensor]:
     """RAGEN's two-level GAE: turn-level GAE between turns, token-level GAE inside each turn.
 
     High level: values are read at the *last* token of each turn, GAE across turns with
     ``high_level_gamma`` and ``lam`` gives a return R_h per turn. Low level: inside turn h, a
     token GAE with ``gamma`` and ``lam`` whose only reward is R_h on the turn's last token and
     which does not bootstrap past the turn's end.
+
+    ``turn_ends`` says what a turn is. ``mask``: each run of response tokens (one model answer).
+    ``rewards`` (RAGEN's code): the response tokens up to and including the next token whose reward
+    (turn h's reward sits on turn h's last token) is non-zero, so answers with a zero reward join the
+    next one; response tokens after the last non-zero reward form a tail that is not in the high
+    level and whose token GAE has no reward and bootstraps 0 past its last token. The two agree when
+    every turn's reward is non-zero.
 
     Args:
         turn_rewards: ``[B, H]``; values: ``[B, T]``; response_mask: ``[B, T]``.
@@ -218,14 +226,28 @@ def compute_bi_level_gae(turn_rewards: torch.Tensor, values: torch.Tensor, respo
     """
     _check_gae_inputs(values=values, response_mask=response_mask, gamma=gamma, lam=lam)
     check_unit_interval("high_level_gamma", high_level_gamma)
+    if turn_ends not in ("mask", "rewards"):
+        raise ValueError(f"algorithm.bi_level_gae_turn_ends must be mask or rewards, got {turn_ends!r}")
     turn_ids = turn_ids_from_mask(response_mask)
     H = turn_rewards.shape[1]
+    if turn_ends == "rewards":  # re-cut the turns at the tokens with a non-zero reward
+        on = turn_ids >= 0
+        tok_r = place_turn_rewards(turn_rewards, turn_ids)
+        is_end = (tok_r != 0) & on
+        ends_before = is_end.long().cumsum(dim=1) - is_end.long()
+        turn_ids = torch.where(on, ends_before, torch.full_like(turn_ids, -1))
+        H = max(int(turn_ids.max()) + 1, 1) if on.any() else 1
+        turn_rewards = torch.zeros(turn_ids.shape[0], H, dtype=tok_r.dtype, device=tok_r.device).scatter_add(
+            1, turn_ids.clamp(min=0), tok_r * on)
+        high_mask = (torch.arange(H, device=turn_ids.device)[None, :] < is_end.sum(dim=1, keepdim=True)).float()
     tmask = turn_mask_from_ids(turn_ids, H)
+    if turn_ends == "mask":
+        high_mask = tmask
     _, ends = turn_boundaries(turn_ids, H)
-    v_end = values.float().gather(1, ends) * tmask
-    _, high_returns = compute_turn_gae(turn_rewards, v_end, tmask, high_level_gamma, lam)
+    v_end = values.float().gather(1, ends) * high_mask
+    _, high_returns = compute_turn_gae(turn_rewards * high_mask, v_end, high_mask, high_level_gamma, lam)
     # Low level: lay each turn's tokens out as its own row [B*H, L] and run plain GAE there.
-    token_rewards = place_turn_rewards(high_returns, turn_ids)
+    token_rewards = place_turn_rewards(high_returns * high_mask, turn_ids)
     rows_r, rows_v, rows_m, back = _turn_rows(turn_ids, H, token_rewards.float(), values.float())
     v_next = torch.nn.functional.pad(rows_v[:, 1:], (0, 1)) * torch.nn.functional.pad(rows_m[:, 1:], (0, 1))
     delta = (rows_r + gamma * v_next - rows_v) * rows_m
@@ -236,16 +258,17 @@ def compute_bi_level_gae(turn_rewards: torch.Tensor, values: torch.Tensor, respo
 
 
 def _turn_rows(turn_ids: torch.Tensor, H: int, *xs: torch.Tensor):
-    """Lay the tokens of each turn out as rows: ``[B, T]`` -> ``[B*H, L]`` (L = longest turn).
+    """Lay the tokens of each turn out as rows: ``[B, T]`` -> ``[B*H, L]`` (L = longest turn), in order and
+    without gaps (tokens of one turn separated by tokens outside turns sit next to each other).
 
     Returns the laid-out tensors, the row mask ``[B*H, L]`` and a function mapping a ``[B*H, L]``
     tensor back to ``[B, T]``.
     """
     B, T = turn_ids.shape
     starts, _ = turn_boundaries(turn_ids, H)
-    pos = torch.arange(T, device=turn_ids.device).expand(B, T)
     on = turn_ids >= 0
-    offset = pos - starts.gather(1, turn_ids.clamp(min=0))  # position inside the turn
+    rank = on.long().cumsum(dim=1) - 1  # index among the row's turn tokens (a turn may span gaps)
+    offset = rank - rank.gather(1, starts.clamp(max=T - 1)).gather(1, turn_ids.clamp(min=0))  # index inside the turn
     L = int(offset[on].max()) + 1 if on.any() else 0
     flat_row = (torch.arange(B, device=turn_ids.device)[:, None] * H + turn_ids.clamp(min=0))
     spill = B * H * L  # an extra slot for tokens outside turns
@@ -298,10 +321,11 @@ def token_gae_advantage(*, turn_rewards: torch.Tensor, turn_mask: torch.Tensor, 
 def bi_level_gae_advantage(*, turn_rewards: torch.Tensor, turn_mask: torch.Tensor, turn_ids: torch.Tensor,
                            response_mask: torch.Tensor, group_ids: Optional[torch.Tensor],
                            values: Optional[torch.Tensor], config: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """RAGEN's bi-level GAE (:func:`compute_bi_level_gae`)."""
+    """RAGEN's bi-level GAE (:func:`compute_bi_level_gae`; ``bi_level_gae_turn_ends``: mask | rewards)."""
     adv, ret = compute_bi_level_gae(turn_rewards, values, response_mask, float(cfg_get(config, "gamma", 1.0)),
                                     float(cfg_get(config, "lam", 1.0)),
-                                    float(cfg_get(config, "high_level_gamma", 0.95)))
+                                    float(cfg_get(config, "high_level_gamma", 0.95)),
+                                    turn_ends=str(cfg_get(config, "bi_level_gae_turn_ends", "mask")))
     return (masked_whiten(adv, response_mask) if cfg_get(config, "norm_adv", True) else adv), ret
 
 
