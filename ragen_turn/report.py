@@ -367,10 +367,42 @@ def header_notes(keys: Sequence[str], threshold: float, smooth_window: int) -> L
         "was clipped (`actor/clip_frac_token`, `actor/clip_frac_turn`). **KL**: mean `actor/approx_kl`.",
         "- **s/step**: mean wall-clock seconds per training step (`perf/step_s`).",
         "- **NaN**: null/NaN values of the metrics above in the group's logs (+ lines that were not JSON).",
+        "- **final val pass@k** (when logged): share of held-out env groups (k episodes on one seed, "
+        "`es_manager.val.group_size`) with at least one success (`val/pass@k`), at the last evaluation.",
+        "- **MI / MI z / H(Z|X)** (when logged: `agent_proxy.enable_think`, every `trainer.collapse_freq` steps): "
+        "RAGEN-2's collapse measures of the first turn's reasoning at the last step that computed them: the "
+        "mutual-information estimate between prompts and reasoning (`collapse/mi_estimate`, at most log of the "
+        "number of prompts; low = the reasoning ignores the input), its z-score (`collapse/mi_zscore`) and the "
+        "conditional entropy H(Z|X) (`collapse/conditional_entropy_est`, per token; low = deterministic).",
         "- **<name> success** (only when runs have them): held-out success from `<run>/eval_<name>.json`, written by "
         "`bash eval.sh <env> <run> +eval_output=<run>/eval_<name>.json [overrides]` on the run's last checkpoint "
         "(e.g. `greedy`: `actor_rollout_ref.rollout.val_temperature=0`); mean ± std over the runs that have one.",
     ]
+
+
+def pass_at_key(run: Run) -> Optional[str]:
+    """The run's held-out pass@k key (``val/pass@<G>``, G = the val group size), if it logged one."""
+    for row in reversed(run.rows):
+        for k in row:
+            if k.startswith("val/pass@") and k[len("val/pass@"):].isdigit():
+                return k
+    return None
+
+
+# columns shown only when some run logged them: (title, key of a run or None)
+OPTIONAL_COLUMNS = [
+    ("final val pass@k", pass_at_key),
+    ("MI", lambda r: "collapse/mi_estimate"),
+    ("MI z", lambda r: "collapse/mi_zscore"),
+    ("H(Z|X)", lambda r: "collapse/conditional_entropy_est"),
+]
+
+
+def optional_columns(groups: Sequence[Tuple[str, List[Run]]]) -> List[Tuple[str, Any]]:
+    def has(r: Run, key: Optional[str]) -> bool:
+        return key is not None and any(_finite(v) for v in r.series(key)[1])
+
+    return [(t, k) for t, k in OPTIONAL_COLUMNS if any(has(r, k(r)) for _, runs in groups for r in runs)]
 
 
 TABLE_COLUMNS = ["runs", "init val success", "final val success", "best val success", "final val reward",
@@ -405,11 +437,13 @@ def eval_names(groups: Sequence[Tuple[str, List[Run]]]) -> List[str]:
 def markdown_table(groups: Sequence[Tuple[str, List[Run]]], keys: Sequence[str], threshold: float,
                    smooth_window: int = 1) -> str:
     extra = eval_names(groups)
+    optional = optional_columns(groups)
     cols = [", ".join(keys)] + [c.format(thr=f"{threshold:g}") for c in TABLE_COLUMNS] + \
-        [f"{name} success" for name in extra]
+        [title for title, _ in optional] + [f"{name} success" for name in extra]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for label, runs in groups:
         cells = group_row(runs, threshold, smooth_window) + \
+            [_cell([final_eval(r, key(r)) for r in runs if key(r)]) for _, key in optional] + \
             [_cell([_num(r.evals.get(name, {}).get(VAL_SUCCESS)) for r in runs if name in r.evals]) for name in extra]
         lines.append("| " + " | ".join([label] + cells) + " |")
     return "\n".join(lines)

@@ -170,8 +170,7 @@ def test_collapse_metrics_on_real_episodes():
 
     from ragen_turn.engines.local.collapse import collapse_metrics, cross_logprobs, first_turn_pairs
     from ragen_turn.models import load_model_and_tokenizer, sequence_logprobs
-    from ragen_turn.engines.local.trainer import context_config
-    from ragen_turn.rollout import ChatFormatter, EnvGroupManager, run_episodes
+    from ragen_turn.rollout import ChatFormatter, EnvGroupManager, context_config, run_episodes
 
     cfg = micro_config(["agent_proxy.enable_think=true", "actor_rollout_ref.rollout.response_length=48",
                         "es_manager.train.env_groups=3", "es_manager.train.group_size=2"])
@@ -301,3 +300,71 @@ def test_ragen_keys_stop_the_command_line_before_work(tmp_path):
                          timeout=300)
     assert res.returncode == 2 and "seed.val=5" in res.stderr and "`seed`" in res.stderr
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_readme_env_example_registers_and_plays(tmp_path, monkeypatch):
+    """The README's `my_envs.py` as written: it registers, composes as env=lamps and its solve() solves it."""
+    from ragen_turn.rollout import ChatFormatter, EnvGroupManager, context_config, run_episodes
+
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("For example, `my_envs.py`:", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "my_envs.py").write_text(block)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cfg = micro_config(["env=lamps", "env_module=my_envs", "custom_envs.lamps.env_config.max_steps=4",
+                        "actor_rollout_ref.rollout.response_length=32", "agent_proxy.max_turn=3"])
+    assert cfg.custom_envs.lamps.env_config.max_steps == 4
+    tok = tiny_tokenizer()
+    envs = EnvGroupManager(cfg.custom_envs, cfg.es_manager.train, "train")
+
+    def respond(slot):
+        return "<answer>" + " || ".join(slot.env.ACTION_LOOKUP[a] for a in slot.env.solve()) + "</answer>"
+
+    eps = run_episodes(envs.assign_seeds(0, 0), TextPolicy(tok, respond), ChatFormatter(tok), context_config(cfg))
+    assert all(e.success and e.num_turns == 1 for e in eps)
+
+
+# ---------------------------------------------------------------- RAGEN's metrics
+def test_episode_metrics_per_tag_pass_at_k_and_effective_rate():
+    import torch
+
+    from ragen_turn.engines.runlog import episode_metrics
+    from ragen_turn.rollout import Episode, Trajectory
+
+    def ep(g, tag, success, actions, valid, effective, dropped):
+        return Episode(token_ids=[1, 2], response_mask=[0, 1], turn_ids=[-1, 0], turn_rewards=[1.0], group_id=g,
+                       env_seed=g, tag=tag, success=success, num_actions=actions, num_valid_actions=valid,
+                       num_effective_actions=effective, num_dropped_actions=dropped)
+
+    eps = [ep(0, "A", True, 2, 2, 1, 0), ep(0, "A", False, 1, 1, 1, 1),   # group 0: one success
+           ep(1, "A", False, 0, 0, 0, 3), ep(1, "A", False, 2, 1, 0, 0),   # group 1: none
+           ep(2, "B", True, 1, 1, 1, 0), ep(2, "B", True, 1, 1, 1, 0)]     # group 2: both
+    m = episode_metrics(Trajectory.from_episodes(eps, 0), "val")
+    assert m["val/pass@2"] == pytest.approx(2 / 3)
+    assert m["val/A/success"] == pytest.approx(1 / 4) and m["val/A/pass@2"] == pytest.approx(1 / 2)
+    assert m["val/B/success"] == 1.0 and m["val/B/pass@2"] == 1.0
+    named = 7 + 4  # actions that reached the env + names dropped before it
+    assert m["val/effective_action_rate"] == pytest.approx(4 / named)
+    assert m["val/invalid_action_rate"] == pytest.approx((4 + 1) / named)
+
+
+def test_collapse_measures_are_logged_every_collapse_freq_steps_when_thinking(tmp_path):
+    from ragen_turn.engines.local.collapse import collapse_due
+    from ragen_turn.engines.local.trainer import build_trainer
+
+    cfg = micro_config(["agent_proxy.enable_think=true", "trainer.collapse_freq=2", "trainer.total_training_steps=3",
+                        "actor_rollout_ref.rollout.response_length=48", "es_manager.train.env_groups=3"],
+                       run_dir=tmp_path)
+    assert [collapse_due(cfg, s) for s in (1, 2, 3, 4)] == [True, True, False, True]
+    assert not collapse_due(micro_config(["trainer.collapse_freq=2"]), 2)  # no thinking, no measure
+    trainer = build_trainer(cfg, log=_quiet)
+    moves = iter(["Up", "Down", "Left", "Right"] * 100)
+    trainer.sampler = TextPolicy(trainer.tokenizer,
+                                 lambda s: f"<think>try {next(moves)}</think><answer>{next(moves)}</answer>")
+    trainer.fit()
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    have = {m["step"]: "collapse/mi_estimate" in m for m in lines if m["step"] > 0}
+    assert have == {1: True, 2: True, 3: False}
+    first = lines[1]
+    for key in ("collapse/mi_zscore", "collapse/conditional_entropy_est", "collapse/first_turn_valid_rate"):
+        assert np.isfinite(first[key]), key
+    assert 0 <= first["collapse/retrieval_accuracy"] <= 1

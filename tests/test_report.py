@@ -193,3 +193,20 @@ def test_extra_evals_become_columns(runs_dir, tmp_path):
     assert rows["turn_ppo"].endswith("| 0 | 0.625 ± 0.177 |")
     assert rows["grpo"].endswith("| - |")
     assert "**<name> success**" in text
+
+
+def test_pass_at_k_and_collapse_columns_appear_when_logged(tmp_path):
+    root = tmp_path / "runs"
+    for seed, passk, mi in [(0, (0.5, 0.75), (0.4, 0.2)), (1, (0.25, 0.25), (0.6, 0.3))]:
+        rows = [{**val_row(0, 0.0, 0.0), "val/pass@4": passk[0]},
+                {**train_row(1, 0.5), "collapse/mi_estimate": mi[0], "collapse/mi_zscore": 2 * mi[0],
+                 "collapse/conditional_entropy_est": 1.0},
+                {**train_row(2, 0.5, success=0.5, reward=0.0), "val/pass@4": passk[1],
+                 "collapse/mi_estimate": mi[1], "collapse/mi_zscore": 2 * mi[1], "collapse/conditional_entropy_est": 3.0}]
+        write_run(root, f"sokoban_turn_ppo_tiny_s{seed}", "turn_ppo", seed, rows, total=2)
+    text = report.build_report([str(root)], out=tmp_path / "out", plots=False)
+    head = next(line for line in text.splitlines() if line.startswith("| algo.name"))
+    assert head.endswith("| final val pass@k | MI | MI z | H(Z|X) |")
+    row = next(line for line in text.splitlines() if line.startswith("| turn_ppo"))
+    assert row.endswith("| 0.500 ± 0.354 | 0.250 ± 0.071 | 0.500 ± 0.141 | 3.000 ± 0.000 |")
+    assert "**MI / MI z / H(Z|X)**" in text

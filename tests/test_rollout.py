@@ -167,7 +167,7 @@ def _one_slot(cfg_overrides, tag="SimpleSokoban"):
     ("<answer> </answer>", 0, 0, -0.1),                         # empty answer: the format penalty, once
 ])
 def test_invalid_actions_are_dropped_before_the_env_with_one_penalty(answer, stepped, dropped, first_reward):
-    from ragen_turn.engines.local.trainer import context_config
+    from ragen_turn.rollout import context_config
 
     tok = tiny_tokenizer()
     cfg, envs = _one_slot(["agent_proxy.max_turn=1"])
@@ -184,7 +184,7 @@ def test_invalid_actions_are_dropped_before_the_env_with_one_penalty(answer, ste
 
 
 def test_dropped_actions_do_not_use_the_action_budget():
-    from ragen_turn.engines.local.trainer import context_config
+    from ragen_turn.rollout import context_config
 
     tok = tiny_tokenizer()
     cfg, envs = _one_slot(["agent_proxy.max_turn=3", "custom_envs.SimpleSokoban.max_actions_per_traj=2"])
@@ -198,7 +198,7 @@ def test_dropped_actions_do_not_use_the_action_budget():
 def test_ragen_style_envs_get_ids_from_names_read_each_turn():
     """RAGEN's discrete envs assert on anything but their ids; the lookup may change at each reset."""
     import ragen_style_envs as rs
-    from ragen_turn.engines.local.trainer import context_config
+    from ragen_turn.rollout import context_config
 
     tok = tiny_tokenizer()
     cfg = micro_config(["agent_proxy.max_turn=4", "actor_rollout_ref.rollout.response_length=64"])

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional
 
 import numpy as np
 import torch
@@ -18,20 +18,38 @@ from ragen_turn.rollout import Trajectory
 
 
 def episode_metrics(batch: Trajectory, prefix: str = "env") -> Dict[str, float]:
-    """Means over the batch's episodes: success, reward, turns, actions, invalid/format rates, response tokens."""
+    """Means over the batch's episodes, and RAGEN's per-tag ones.
+
+    ``invalid_action_rate``: of the actions the model named, those dropped (not the env's) or that the env
+    called invalid; ``effective_action_rate``: of the actions named, those that changed the env's state.
+    ``<tag>/success`` per env tag; ``pass@<G>`` (overall and per tag): the share of env groups (G episodes
+    on one seed) with at least one success.
+    """
     eps = batch.episodes
-    n_actions = sum(e.num_actions for e in eps)
+    named = sum(e.num_actions + e.num_dropped_actions for e in eps)
+    invalid = sum(e.num_dropped_actions + e.num_actions - e.num_valid_actions for e in eps)
     n_turns = sum(e.num_turns for e in eps)
-    return {
+    out = {
         f"{prefix}/success": float(np.mean([e.success for e in eps])),
         f"{prefix}/reward": float(np.mean([e.total_reward for e in eps])),
         f"{prefix}/turns": float(np.mean([e.num_turns for e in eps])),
         f"{prefix}/actions": float(np.mean([e.num_actions for e in eps])),
-        f"{prefix}/invalid_action_rate": 1.0 - sum(e.num_valid_actions for e in eps) / max(n_actions, 1),
+        f"{prefix}/invalid_action_rate": invalid / max(named, 1),
+        f"{prefix}/effective_action_rate": sum(e.num_effective_actions for e in eps) / max(named, 1),
         f"{prefix}/format_error_rate": sum(e.format_errors for e in eps) / max(n_turns, 1),
         f"{prefix}/truncated": float(np.mean([e.truncated for e in eps])),
         f"{prefix}/response_tokens": float(batch.response_mask.sum(dim=1).mean()),
     }
+    groups: Dict[int, List[Any]] = {}
+    for e in eps:
+        groups.setdefault(e.group_id, []).append(e)
+    size = max(len(g) for g in groups.values())
+    out[f"{prefix}/pass@{size}"] = float(np.mean([any(e.success for e in g) for g in groups.values()]))
+    for tag in sorted({e.tag for e in eps}):
+        mine = [g for g in groups.values() if g[0].tag == tag]
+        out[f"{prefix}/{tag}/success"] = float(np.mean([e.success for g in mine for e in g]))
+        out[f"{prefix}/{tag}/pass@{size}"] = float(np.mean([any(e.success for e in g) for g in mine]))
+    return out
 
 
 def run_header(cfg: Any, trainer: str, start: int, n_episodes: int, out_dir: Any, device: Optional[Any] = None) -> str:

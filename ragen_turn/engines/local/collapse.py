@@ -18,6 +18,12 @@ from ragen_turn.rollout.context import think_text
 from ragen_turn.rollout.trajectory import Episode
 
 
+def collapse_due(cfg: Any, step: int) -> bool:
+    """RAGEN's schedule: step 1, then every ``trainer.collapse_freq`` steps, when the model thinks."""
+    freq = int(cfg.trainer.get("collapse_freq", 0) or 0)
+    return bool(cfg.agent_proxy.enable_think) and freq > 0 and (step == 1 or step % freq == 0)
+
+
 def first_turn_pairs(episodes: Sequence[Episode], encode, max_samples: int | None = None, seed: int = 0):
     """``(prompts {group: ids}, reasoning [ids], groups [group])`` of the episodes whose first response
     thinks; ``encode(text) -> ids``. At most ``max_samples`` pairs, drawn with ``seed``."""

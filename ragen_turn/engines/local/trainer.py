@@ -43,6 +43,7 @@ from ragen_turn.engines.runtime import derived_seed, pick_device, seed_everythin
 from ragen_turn.models import CriticModel, load_model_and_tokenizer, logprobs_and_hidden, sequence_logprobs
 from ragen_turn.rollout import ChatFormatter, EnvGroupManager, Trajectory, context_config, run_episodes, throttled
 
+from .collapse import collapse_due, collapse_metrics
 from .sampler import LocalSampler
 
 
@@ -318,6 +319,12 @@ class StarPOTrainer:
         batch = self.rollout(self.step)
         t_roll = time.time() - t0
         metrics = episode_metrics(batch)
+        if collapse_due(self.cfg, self.step + 1):
+            t1 = time.time()
+            metrics.update(collapse_metrics(self.actor, self.tokenizer, batch.episodes, self.device,
+                                            self.cfg.trainer.get("collapse_num_samples", 64),
+                                            self.cfg.micro_batch_size_per_gpu, derived_seed(self.cfg.seed, self.step, 11)))
+            metrics["perf/collapse_s"] = time.time() - t1
         batch = self.filter_groups(batch)
         self.score(batch)
         self.compute_advantages(batch)
