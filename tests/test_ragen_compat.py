@@ -368,3 +368,23 @@ def test_collapse_measures_are_logged_every_collapse_freq_steps_when_thinking(tm
     for key in ("collapse/mi_zscore", "collapse/conditional_entropy_est", "collapse/first_turn_valid_rate"):
         assert np.isfinite(first[key]), key
     assert 0 <= first["collapse/retrieval_accuracy"] <= 1
+
+
+def test_entry_points_register_envs(monkeypatch):
+    """An installed package's ``ragen_turn.envs`` entry point is loaded (a module, or a function to call)."""
+    import importlib.metadata as md
+
+    import ragen_turn.envs as envs
+
+    calls = []
+    eps = [md.EntryPoint("doors", "ragen_style_envs", "ragen_turn.envs"),
+           md.EntryPoint("fn", "tests_fake_pkg:setup", "ragen_turn.envs"),
+           md.EntryPoint("broken", "no_such_module_xyz", "ragen_turn.envs")]
+    fake = __import__("types").ModuleType("tests_fake_pkg")
+    fake.setup = lambda: calls.append("called")
+    monkeypatch.setitem(sys.modules, "tests_fake_pkg", fake)
+    monkeypatch.setattr(md, "entry_points", lambda group=None: [e for e in eps if e.group == group])
+    monkeypatch.setattr(envs, "_IMPORT_ERRORS", {})
+    envs._load_entry_points()
+    assert "two_doors" in envs.REGISTERED_ENVS and calls == ["called"]
+    assert "no_such_module_xyz" in envs._IMPORT_ERRORS["broken"]
