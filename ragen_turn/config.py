@@ -34,11 +34,20 @@ def model_config(cfg: DictConfig) -> Dict[str, Any]:
 
 
 def validate_config(cfg: DictConfig) -> None:
-    """Check a composed config before any work; raise ``ValueError`` naming the bad key."""
+    """Check a composed config before any work; raise ``ValueError`` naming the bad key.
+
+    First RAGEN's keys are mapped onto ours (:mod:`ragen_turn.ragen_keys`; a key without our meaning stops here)
+    and the ``env_module`` modules are imported, so the envs they register are known when ``custom_envs`` is checked.
+    """
     import torch
 
     from ragen_turn.algos import ADV_ESTIMATOR_REGISTRY, POLICY_LOSS_REGISTRY
+    from ragen_turn.envs import import_env_modules
+    from ragen_turn.ragen_keys import apply_ragen_keys
     from ragen_turn.rollout.env_manager import parse_split
+
+    apply_ragen_keys(cfg)
+    import_env_modules(cfg.get("env_module"))
 
     adv = cfg.algorithm.adv_estimator
     if adv not in ADV_ESTIMATOR_REGISTRY:
@@ -86,6 +95,18 @@ def validate_config(cfg: DictConfig) -> None:
         raise ValueError("agent_proxy.reward_normalization.method must be identity, mean_std or mean")
     if cfg.agent_proxy.reward_normalization.grouping not in ("state", "batch"):
         raise ValueError("agent_proxy.reward_normalization.grouping must be state or batch")
+    ends = cfg.algorithm.get("bi_level_gae_turn_ends", "mask")
+    if ends not in ("mask", "rewards"):
+        raise ValueError(f"algorithm.bi_level_gae_turn_ends must be mask or rewards, got {ends!r}")
+    freq = cfg.trainer.get("collapse_freq", 0)
+    if not isinstance(freq, int) or isinstance(freq, bool) or freq < 0:
+        raise ValueError(f"trainer.collapse_freq must be an integer >= 0 (0 = never), got {freq!r}")
+    n = cfg.trainer.get("collapse_num_samples", None)
+    if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 2):
+        raise ValueError(f"trainer.collapse_num_samples must be null (all) or an integer >= 2, got {n!r}")
+    ws = cfg.model.get("warmstart", {}).get("enable", False)
+    if ws not in (True, False, "auto"):
+        raise ValueError(f"model.warmstart.enable must be true, false or auto, got {ws!r}")
     for k in ("gamma", "lam", "high_level_gamma"):
         if not 0 <= cfg.algorithm[k] <= 1:
             raise ValueError(f"algorithm.{k} must be in [0, 1], got {cfg.algorithm[k]}")

@@ -129,11 +129,8 @@ def main(cfg: DictConfig) -> None:
         print("error: give the checkpoint: +checkpoint=DIR (or use eval.sh)", file=sys.stderr)
         sys.exit(2)
     try:
-        from ragen_turn.ragen_keys import apply_ragen_keys
-
         cfg = config_for_eval(cfg, list(HydraConfig.get().overrides.task))
         OmegaConf.resolve(cfg)
-        apply_ragen_keys(cfg)
         m = evaluate_checkpoint(cfg)
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -90,13 +90,10 @@ def compose_config(overrides: list[str] | None = None) -> DictConfig:
 
 
 def run(cfg: DictConfig) -> dict:
-    from ragen_turn.envs import import_env_modules
-
     from ragen_turn.ragen_keys import apply_ragen_keys
 
     OmegaConf.resolve(cfg)
-    apply_ragen_keys(cfg)  # RAGEN's keys onto ours (or a stop naming ours), recorded in ragen_aliases
-    import_env_modules(cfg.get("env_module"))  # before any check reads custom_envs.*.env_type
+    apply_ragen_keys(cfg)  # RAGEN's keys onto ours (validate_config, in the engine, does it again, and imports env_module)
     engine = cfg.engine.name
     if engine == "local":
         from ragen_turn.engines.local.trainer import build_trainer

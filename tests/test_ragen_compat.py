@@ -388,3 +388,29 @@ def test_entry_points_register_envs(monkeypatch):
     envs._load_entry_points()
     assert "two_doors" in envs.REGISTERED_ENVS and calls == ["called"]
     assert "no_such_module_xyz" in envs._IMPORT_ERRORS["broken"]
+
+
+@pytest.mark.parametrize("override,key", [
+    ("algorithm.bi_level_gae_turn_ends=tokens", "algorithm.bi_level_gae_turn_ends"),
+    ("trainer.collapse_freq=-1", "trainer.collapse_freq"),
+    ("trainer.collapse_num_samples=1", "trainer.collapse_num_samples"),
+    ("model.warmstart.enable=maybe", "model.warmstart.enable"),
+])
+def test_new_keys_are_checked_before_work(override, key):
+    from ragen_turn.config import validate_config
+
+    with pytest.raises(ValueError, match=key.replace(".", r"\.")):
+        validate_config(micro_config([override]))
+
+
+def test_validate_config_maps_ragen_keys_and_imports_env_modules():
+    """The one config check maps RAGEN's keys held on the config and imports env_module before checking envs."""
+    from omegaconf import OmegaConf, open_dict
+
+    from ragen_turn.config import validate_config
+
+    cfg = micro_config(["algo=token_ppo"])
+    with open_dict(cfg):
+        OmegaConf.update(cfg, "ragen_keys.algorithm.bi_level_gae", True, force_add=True)
+    validate_config(cfg)
+    assert cfg.algorithm.adv_estimator == "bi_level_gae" and "algorithm.bi_level_gae=True" in cfg.ragen_aliases
