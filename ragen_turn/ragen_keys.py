@@ -14,7 +14,7 @@ setting our key(s), or stops the run before any work with a message naming our k
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Mapping
+from typing import Any, Callable, Dict, List, Mapping, Optional
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
@@ -38,6 +38,8 @@ class Alias:
     ours: str                                           # our key(s), for the docs table
     apply: Callable[[Any, Mapping[str, Any], DictConfig], Dict[str, Any]]  # (value, all RAGEN keys given, cfg)
     note: str = ""                                      # meaning / what stops
+    rename: Optional[str] = None                        # a plain rename done on the command line already, so that
+                                                        # what Hydra derives before our code runs (its run dir) sees it
 
 
 def _stop(key: str, msg: str):
@@ -220,7 +222,7 @@ ALIASES: List[Alias] = [
           "k1/k2/k3)", _kl_type, "checked before work"),
     Alias("trainer.logger", "logger (console or wandb)", _logger, "other loggers stop"),
     Alias("trainer.project_name", "wandb.project", _set("wandb.project", str)),
-    Alias("seed.train", "seed (the run seed; train env seeds are drawn from it)", _set("seed", int)),
+    Alias("seed.train", "seed (the run seed; train env seeds are drawn from it)", _set("seed", int), rename="seed"),
     Alias("seed.val", "(stops: held-out seeds are fixed)", _seed_val),
     Alias("agent_proxy.max_context_window", "(full history: -1 only)",
           _noop_if("agent_proxy.max_context_window", lambda v: v is None or int(v) < 0,
@@ -282,7 +284,10 @@ def move_ragen_overrides(overrides: List[str]) -> List[str]:
     for o in overrides:
         key = _override_key(o)
         if "=" in o and key in BY_KEY and not o.startswith("~"):
-            out.append(f"++{HOLD}.{key}={o.split('=', 1)[1]}")
+            value = o.split("=", 1)[1]
+            out.append(f"++{HOLD}.{key}={value}")
+            if BY_KEY[key].rename:
+                out.append(f"{BY_KEY[key].rename}={value}")
         else:
             out.append(o)
     return out

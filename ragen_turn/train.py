@@ -84,16 +84,16 @@ def compose_config(overrides: list[str] | None = None) -> DictConfig:
     else:
         with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
             cfg = compose(config_name="base", overrides=list(overrides or []))
+    apply_ragen_keys(cfg)  # before resolving: interpolations (the run name's seed) see the mapped values
     OmegaConf.resolve(cfg)
-    apply_ragen_keys(cfg)
     return cfg
 
 
 def run(cfg: DictConfig) -> dict:
     from ragen_turn.ragen_keys import apply_ragen_keys
 
+    apply_ragen_keys(cfg)  # RAGEN's keys onto ours before resolving (validate_config, in the engine, checks again)
     OmegaConf.resolve(cfg)
-    apply_ragen_keys(cfg)  # RAGEN's keys onto ours (validate_config, in the engine, does it again, and imports env_module)
     engine = cfg.engine.name
     if engine == "local":
         from ragen_turn.engines.local.trainer import build_trainer
