@@ -153,13 +153,14 @@ def ref_ragen_bi_level(token_rewards, values, mask, gamma, lam, high_gamma):
     return adv * mask, ret * mask
 
 
-def _surrogate(w, A, low, high):
-    return -min(w * A, min(max(w, 1 - low), 1 + high) * A)
-
-
 def ref_policy_loss(name, old_logp, logp, adv, mask, low=0.2, high=0.28, ratio_mode=None, agg=None,
-                    clip_bias=False, clamp=20.0):
-    """Loop reference of every policy loss; differentiable through ``logp`` (torch scalar ops)."""
+                    clip_bias=False, clip_c=3.0, stat="mass", level="sample", threshold=None):
+    """Loop reference of every policy loss; differentiable through ``logp`` (torch scalar ops).
+
+    Dual clip (``clip_c``): for A < 0 a unit's loss is capped at ``-A c``. The correction: ``mass``
+    (sqrt of the summed (n w A)^2 over units clipping gives no gradient, over the others' sum) or ``rms``
+    (RMS of w_t A_t over tokens whose own ratio is outside [1-low, 1+high], over the inside ones' RMS),
+    per row (``sample``) or over the batch; scale 1/r where r > threshold."""
     B, T = mask.shape
     turn_unit = name in ("turn_ppo", "turn_ppo_geo")
     turn_ratio = name in ("turn_ppo", "turn_ppo_geo", "turn_is", "st_ppo")
@@ -168,8 +169,10 @@ def ref_policy_loss(name, old_logp, logp, adv, mask, low=0.2, high=0.28, ratio_m
     if name == "turn_ppo_geo":
         ratio_mode = "geo_mean"
     clip_bias = clip_bias or name in ("s_ppo", "st_ppo")
+    if threshold is None:
+        threshold = 1.0 if stat == "mass" else 5.0
     agg = agg or ("turn-mean" if turn_unit else "token-mean")
-    rows = []  # per row: list of (ratio tensor, adv float, unit weight numerator, n_tokens)
+    rows = []  # per row: list of (ratio tensor, adv float, n_tokens)
     for b in range(B):
         units = []
         for toks in turns_of(mask[b]):
@@ -177,40 +180,71 @@ def ref_policy_loss(name, old_logp, logp, adv, mask, low=0.2, high=0.28, ratio_m
             s = sum(d)
             if ratio_mode == "geo_mean":
                 s = s / len(toks)
-            turn_w = torch.exp(s.clamp(-clamp, clamp)) if turn_ratio else None
+            turn_w = torch.exp(s) if turn_ratio else None
             if turn_unit:
                 a = sum(adv[b, t].item() for t in toks) / len(toks)
                 units.append((turn_w, a, len(toks)))
             else:
                 for t, dt in zip(toks, d):
-                    w = turn_w if turn_ratio else torch.exp(dt.clamp(-clamp, clamp))
+                    w = turn_w if turn_ratio else torch.exp(dt)
                     units.append((w, adv[b, t].item(), 1))
         rows.append(units)
     if turn_unit and agg == "turn-mean":
         denom = sum(len(u) for u in rows)
         weight = lambda unit: 1.0 / denom  # noqa: E731
+    elif agg == "seq-mean-token-mean":
+        n_rows = sum(1 for u in rows if u)
+        weight = None
     else:
         denom = sum(n for u in rows for (_, _, n) in u)
         weight = lambda unit: unit[2] / denom  # noqa: E731
-    total = torch.zeros(())
-    for units in rows:
+    row_losses, row_sums = [], []
+    for b, units in enumerate(rows):
+        n_tok = sum(n for (_, _, n) in units)
         L_i = torch.zeros(())
-        C2 = G2 = 0.0
+        out2 = in2 = 0.0
+        n_out = n_in = 0
         for unit in units:
             w, a, _ = unit
-            n = weight(unit)
+            n = weight(unit) if weight is not None else 1.0 / n_tok / n_rows
             wv = w.item()
             clipped = (a > 0 and wv > 1 + high) or (a < 0 and wv < 1 - low)
-            lo, hi = 1 - low, 1 + high
-            unclipped_term = -w * a
-            clipped_term = -torch.clamp(w, lo, hi) * a
-            L_i = L_i + n * (clipped_term if clipped else unclipped_term)
-            if clipped:
-                C2 += (n * wv * a) ** 2
+            dual = a < 0 and wv > clip_c
+            if dual:
+                term = torch.tensor(-a * clip_c)
+            elif clipped:
+                term = -torch.clamp(w, 1 - low, 1 + high) * a
             else:
-                G2 += (n * wv * a) ** 2
-        s = 1.0
-        if clip_bias:
-            s = 1.0 / max(1.0, math.sqrt(C2) / (math.sqrt(G2) + 1e-8))
-        total = total + s * L_i
-    return total
+                term = -w * a
+            L_i = L_i + n * term
+            if stat == "mass":
+                if clipped or dual:
+                    out2, n_out = out2 + (n * wv * a) ** 2, n_out + 1
+                else:
+                    in2, n_in = in2 + (n * wv * a) ** 2, n_in + 1
+        if stat == "rms":
+            for t in range(T):
+                if mask[b, t] == 1:
+                    wt = math.exp((logp[b, t] - old_logp[b, t]).item())
+                    x2 = (wt * adv[b, t].item()) ** 2
+                    if wt < 1 - low or wt > 1 + high:
+                        out2, n_out = out2 + x2, n_out + 1
+                    else:
+                        in2, n_in = in2 + x2, n_in + 1
+        row_losses.append(L_i)
+        row_sums.append((out2, n_out, in2, n_in))
+
+    def ratio(o2, no, i2, ni):
+        if stat == "rms":
+            o2, i2 = o2 / max(no, 1), i2 / max(ni, 1)
+        return math.sqrt(o2) / (math.sqrt(i2) + 1e-8)
+
+    def scale(r):
+        return 1.0 / r if r > threshold else 1.0
+
+    if not clip_bias:
+        return sum(row_losses, torch.zeros(()))
+    if level == "batch":
+        s = scale(ratio(*[sum(x[k] for x in row_sums) for k in range(4)]))
+        return s * sum(row_losses, torch.zeros(()))
+    return sum((scale(ratio(*row_sums[b])) * row_losses[b] for b in range(B)), torch.zeros(()))

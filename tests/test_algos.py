@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from ragen_turn.algos import (
-    clip_bias_scale,
+    GlobalCounts,
     compute_bi_level_gae,
     compute_grpo_advantages,
     compute_token_gae,
@@ -16,6 +16,10 @@ from ragen_turn.algos import (
     gather_turns,
     get_adv_estimator_fn,
     get_policy_loss_fn,
+    loss_settings,
+    masked_mean,
+    minibatch_clip_stats,
+    needs_minibatch_stats,
     place_turn_rewards,
     policy_loss,
     scatter_turns,
@@ -242,14 +246,21 @@ def test_turn_ppo_hand_case_sum_and_geo():
     assert loss_g.item() == pytest.approx(expect_g)
 
 
+def test_ppo_objective_hand_case_with_dual_clip():
+    # units: (w, A) = (2, 1) clipped high; (1, 1) kept; (0.5, -1) clipped low; (10, -1) dual-clipped; (2, -1) kept
+    terms = PPOTerms(ratio=torch.tensor([[2.0, 1.0, 0.5, 10.0, 2.0]]),
+                     advantages=torch.tensor([[1.0, 1.0, -1.0, -1.0, -1.0]]), weight=torch.full((1, 5), 0.2))
+    per, clipped, dual = ppo_objective(terms, 0.2, 0.28, 3.0)
+    assert per[0].tolist() == pytest.approx([-1.28, -1.0, 0.8, 3.0, 2.0])
+    assert clipped.tolist() == [[True, False, True, False, False]]
+    assert dual.tolist() == [[False, False, False, True, False]]
+    per_off, _, dual_off = ppo_objective(terms, 0.2, 0.28, None)  # no dual clip: the unit pays 10
+    assert per_off[0, 3].item() == pytest.approx(10.0) and not dual_off.any()
+
+
 def test_clip_bias_hand_case():
     # one row, 2 tokens, A = 1 each; ratios 2.0 (clipped-active) and 1.0; n = 0.5 each
-    terms = PPOTerms(ratio=torch.tensor([[2.0, 1.0]]), advantages=torch.tensor([[1.0, 1.0]]),
-                     weight=torch.tensor([[0.5, 0.5]]))
-    _, clipped = ppo_objective(terms, 0.2, 0.28)
-    scale, cg = clip_bias_scale(terms, clipped)
     # C = .5*2*1 = 1 ; G = .5*1*1 = .5 ; C/G = 2 ; s = .5
-    assert cg.item() == pytest.approx(2.0, rel=1e-6) and scale.item() == pytest.approx(0.5, rel=1e-6)
     mask = torch.tensor([[0.0, 1.0, 1.0]])
     old = torch.zeros(1, 3)
     logp = torch.tensor([[0.0, math.log(2.0), 0.0]])
@@ -392,6 +403,178 @@ def test_losses_finite_for_extreme_turns(name):
         (g,) = torch.autograd.grad(loss, logp)
         assert torch.isfinite(loss) and torch.isfinite(g).all(), (name, shift)
         assert all(math.isfinite(v) for v in m.values()), (name, shift, m)
+
+
+# ------------------------------------------------------------------------------------------ dual clip
+def test_dual_clip_hand_cases():
+    """verl's clip_ratio_c = 3: a token with ratio 10 and A = -1 costs 3.0, and so does a 5-token turn whose
+    token log-ratios sum to log 10 under turn_ppo (both get no gradient)."""
+    mask = torch.tensor([[0.0, 1.0]])
+    logp = torch.tensor([[0.0, math.log(10.0)]], requires_grad=True)
+    loss, m = policy_loss("token_ppo", logp, torch.zeros(1, 2), torch.tensor([[0.0, -1.0]]), mask)
+    assert loss.item() == pytest.approx(3.0) and m["actor/dual_clip_frac"] == 1.0 and m["actor/pg_loss"] == 3.0
+    (g,) = torch.autograd.grad(loss, logp)
+    assert torch.all(g == 0)
+    mask = torch.tensor([[0.0, 1, 1, 1, 1, 1]])
+    logp = torch.tensor([[0.0, 0.1, 0.7, 0.5, 0.4, math.log(10.0) - 1.7]], requires_grad=True)
+    adv = -mask
+    loss, m = policy_loss("turn_ppo", logp, torch.zeros(1, 6), adv, mask)
+    assert loss.item() == pytest.approx(3.0, rel=1e-6) and m["actor/dual_clip_frac"] == 1.0
+    assert torch.all(torch.autograd.grad(loss, logp)[0] == 0)
+    # the geo-mean losses need a geo-mean ratio of 10: every token's log-ratio is log 10
+    logp = (mask * math.log(10.0)).requires_grad_(True)
+    for name in ("turn_ppo_geo", "turn_is"):
+        loss, m = policy_loss(name, logp, torch.zeros(1, 6), adv, mask)
+        assert loss.item() == pytest.approx(3.0, rel=1e-6), name
+        assert m["actor/dual_clip_frac"] == 1.0, name
+    # a bigger clip_ratio_c lets the unclipped branch through: loss 10
+    loss, m = policy_loss("turn_is", logp, torch.zeros(1, 6), adv, mask, config={"clip_ratio_c": 20.0})
+    assert loss.item() == pytest.approx(10.0, rel=1e-6) and m["actor/dual_clip_frac"] == 0.0
+
+
+@pytest.mark.parametrize("name", ALL_LOSSES)
+def test_dual_clip_bounds_every_loss(name):
+    """A < 0 units cost at most c |A| in every loss, corrections included (same numbers as the loop reference)."""
+    old, logp, adv, mask = _loss_inputs(8, B=6, scale=2.0)  # ratios up to e^6: many units past c
+    adv = -adv.abs()
+    loss, m = policy_loss(name, logp, old, adv, mask)
+    ref = ref_policy_loss(name, old, logp, adv, mask)
+    assert loss.item() == pytest.approx(ref.item(), rel=1e-5)
+    assert m["actor/dual_clip_frac"] > 0.1
+    loss_nc, _ = policy_loss(name, logp, old, adv, mask, config={"clip_ratio_c": 1e6})
+    assert loss_nc.item() > loss.item() + 0.3  # without the cap the same batch costs more
+    assert loss.item() <= 3.0 * float(adv.abs().max()) + 1e-5
+
+
+# ------------------------------------------------------------------------------------------ no silent zero
+def test_turn_with_log_ratio_30_has_finite_loss_and_the_formulas_gradient():
+    """Summed log-ratio 30 (ratio 1.07e13): the loss is finite and is what was differentiated; the gradient is
+    zero only where (dual) clipping says so, and the formula's value where it does not."""
+    mask = torch.tensor([[0.0, 1, 1, 1, 0, 1]])
+    old = torch.zeros(1, 6)
+    big = torch.tensor([[0.0, 10.0, 10.0, 10.0, 0.0, 0.0]])  # turn 0: log-ratio 30, turn 1: 0
+    for A0, cfg, expect_loss0, grad0 in (
+            (-1.0, {}, 3.0, 0.0),                                   # dual-clipped: c |A|, no gradient
+            (1.0, {}, -1.28, 0.0),                                  # PPO-clipped: (1+eps) A, no gradient
+            (-1.0, {"clip_ratio_c": 1e15}, math.exp(30), math.exp(30)),  # unclipped: w |A|, d/dlogp_t = w
+    ):
+        logp = big.clone().requires_grad_(True)
+        adv = torch.tensor([[0.0, A0, A0, A0, 0.0, 1.0]])
+        loss, m = policy_loss("turn_ppo", logp, old, adv, mask, config=cfg)
+        (g,) = torch.autograd.grad(loss, logp)
+        # turn-mean over 2 turns; turn 1 has w = 1, A = 1: loss -1
+        assert torch.isfinite(loss) and loss.item() == pytest.approx(0.5 * (expect_loss0 - 1.0), rel=1e-5)
+        assert m["actor/pg_loss"] == pytest.approx(loss.item(), rel=1e-6)
+        assert g[0, 1:4].tolist() == pytest.approx([0.5 * grad0] * 3, rel=1e-5)
+        assert g[0, 5].item() == pytest.approx(-0.5)  # turn 1 keeps its gradient: -A w n
+    # far below 1 with A > 0: the gradient is -A w n = -e^-30 / 2 per token, not a clamped 0
+    logp = (-big).requires_grad_(True)
+    adv = torch.tensor([[0.0, 1.0, 1.0, 1.0, 0.0, 1.0]])
+    loss, _ = policy_loss("turn_ppo", logp, old, adv, mask)
+    (g,) = torch.autograd.grad(loss, logp)
+    assert g[0, 1].item() == pytest.approx(-0.5 * math.exp(-30), rel=1e-4) and g[0, 1].item() != 0.0
+
+
+# ------------------------------------------------------------------------------------------ global counts
+CONFIGS = [{}, {"clip_bias": True}, {"clip_bias": True, "clip_bias_level": "batch"},
+           {"clip_bias": True, "clip_bias_stat": "rms", "clip_bias_level": "batch", "clip_bias_threshold": 1.5},
+           {"clip_bias": True, "clip_bias_stat": "rms", "clip_bias_threshold": 1.0},
+           {"clip_bias": True, "clip_bias_threshold": 3.0, "loss_agg_mode": "seq-mean-token-mean"},
+           {"loss_agg_mode": "token-mean", "clip_ratio_c": 2.0}]
+
+
+def _ref_kwargs(cfg):
+    return dict(clip_bias=cfg.get("clip_bias", False), stat=cfg.get("clip_bias_stat", "mass"),
+                level=cfg.get("clip_bias_level", "sample"), threshold=cfg.get("clip_bias_threshold"),
+                agg=cfg.get("loss_agg_mode"), clip_c=cfg.get("clip_ratio_c", 3.0))
+
+
+def _valid(name, cfg):
+    agg = cfg.get("loss_agg_mode")
+    return not (agg == "seq-mean-token-mean" and name.startswith("turn_ppo"))
+
+
+@pytest.mark.parametrize("cfg", range(len(CONFIGS)))
+@pytest.mark.parametrize("name", ALL_LOSSES)
+def test_every_reading_matches_the_loop_reference(name, cfg):
+    cfg = CONFIGS[cfg]
+    if not _valid(name, cfg):
+        pytest.skip("seq-mean-token-mean is a token-unit aggregation")
+    old, logp, adv, mask = _loss_inputs(3, B=6, scale=0.6)
+    loss, m = policy_loss(name, logp, old, adv, mask, config=cfg)
+    (grad,) = torch.autograd.grad(loss, logp)
+    logp2 = logp.detach().clone().requires_grad_(True)
+    ref = ref_policy_loss(name, old, logp2, adv, mask, **_ref_kwargs(cfg))
+    (ref_grad,) = torch.autograd.grad(ref, logp2)
+    assert loss.item() == pytest.approx(ref.item(), rel=1e-5, abs=1e-6)
+    assert torch.allclose(grad, ref_grad, atol=1e-6)
+
+
+@pytest.mark.parametrize("cfg", range(len(CONFIGS)))
+@pytest.mark.parametrize("name", ALL_LOSSES)
+def test_micro_batch_losses_add_up_to_the_mini_batch_loss(name, cfg):
+    """With the mini-batch's GlobalCounts (and, for batch-level corrections, its summed statistics from a
+    no-grad pre-pass), micro-batches of any size give the whole mini-batch's loss and gradient."""
+    cfg = CONFIGS[cfg]
+    if not _valid(name, cfg):
+        pytest.skip("seq-mean-token-mean is a token-unit aggregation")
+    old, logp, adv, mask = _loss_inputs(12, B=8, max_turns=5, max_len=7, scale=0.6)
+    fn = get_policy_loss_fn(name)
+    full, _ = fn(old, logp, adv, mask, None, cfg)
+    (g_full,) = torch.autograd.grad(full, logp)
+    counts = GlobalCounts.of(mask)
+    for micro in (1, 2, 3):
+        parts = [slice(i, i + micro) for i in range(0, 8, micro)]
+        if needs_minibatch_stats(name, cfg):
+            stats = sum(minibatch_clip_stats(name, old[p], logp[p], adv[p], mask[p], cfg, global_counts=counts)
+                        for p in parts)
+            counts = counts.with_clip_stats(stats)
+        total = sum(fn(old[p], logp[p], adv[p], mask[p], None, cfg, None, None, counts)[0] for p in parts)
+        (g_total,) = torch.autograd.grad(total, logp)
+        assert total.item() == pytest.approx(full.item(), rel=1e-5, abs=1e-7), micro
+        assert torch.allclose(g_total, g_full, atol=1e-7), micro
+
+
+def test_value_loss_and_masked_mean_add_up_with_a_normaliser():
+    g = torch.Generator().manual_seed(0)
+    mask = (torch.rand(6, 9, generator=g) > 0.4).float()
+    v, old, ret, x = (torch.randn(6, 9, generator=g) for _ in range(4))
+    full, _ = value_loss(v, old, ret, mask, 0.5)
+    parts = sum(value_loss(v[i:i + 2], old[i:i + 2], ret[i:i + 2], mask[i:i + 2], 0.5,
+                           normaliser=float(mask.sum()))[0] for i in range(0, 6, 2))
+    assert parts.item() == pytest.approx(full.item(), rel=1e-6)
+    mm = sum(masked_mean(x[i:i + 4], mask[i:i + 4], float(mask.sum())) for i in range(0, 6, 4))
+    assert mm.item() == pytest.approx(masked_mean(x, mask).item(), rel=1e-6)
+
+
+def test_rms_reading_hand_case():
+    """SORL's reading: RMS(w A) over tokens outside [0.8, 1.28] / RMS over the inside ones, 1/rho past 5."""
+    mask = torch.ones(1, 4)
+    old = torch.zeros(1, 4)
+    # token ratios 10, 1, 1, 1 with A = 1, 1, 1, -1 (token 0 is outside the clip range)
+    logp = torch.tensor([[math.log(10.0), 0.0, 0.0, 0.0]])
+    adv = torch.tensor([[1.0, 1.0, 1.0, -1.0]])
+    base, _ = policy_loss("token_ppo", logp, old, adv, mask)
+    cfg = {"clip_bias": True, "clip_bias_stat": "rms"}
+    loss, m = policy_loss("token_ppo", logp, old, adv, mask, config=cfg)
+    # rho = sqrt(100) / sqrt(3/3) = 10 > 5: the loss is multiplied by 1/10
+    assert m["actor/clip_bias_ratio"] == pytest.approx(10.0, rel=1e-6)
+    assert loss.item() == pytest.approx(base.item() / 10.0, rel=1e-6)
+    loss_hi, m_hi = policy_loss("token_ppo", logp, old, adv, mask, config={**cfg, "clip_bias_threshold": 12.0})
+    assert loss_hi.item() == pytest.approx(base.item()) and m_hi["actor/clip_bias_scale"] == 1.0
+    # the mass reading on the same batch: C = n*10, G = n*sqrt(3): ratio 5.77, scale 0.173
+    _, mm = policy_loss("token_ppo", logp, old, adv, mask, config={"clip_bias": True})
+    assert mm["actor/clip_bias_ratio"] == pytest.approx(10.0 / math.sqrt(3.0), rel=1e-6)
+
+
+def test_loss_settings_name_the_bad_key():
+    for cfg, key in (({"clip_ratio_c": 1.0}, "clip_ratio_c"), ({"clip_bias_stat": "max"}, "clip_bias_stat"),
+                     ({"clip_bias_threshold": 0.5}, "clip_bias_threshold"), ({"clip_bias_level": "x"}, "clip_bias_level"),
+                     ({"ratio_mode": "prod"}, "ratio_mode"), ({"clip_ratio_c": float("inf")}, "clip_ratio_c")):
+        with pytest.raises(ValueError, match=key):
+            loss_settings(cfg)
+    assert loss_settings({"clip_bias_stat": "rms"}).clip_bias_threshold == 5.0
+    assert loss_settings({}).clip_bias_threshold == 1.0 and loss_settings({}).clip_c == 3.0
 
 
 # ------------------------------------------------------------------------------------------ value loss

@@ -160,26 +160,32 @@ def test_adapter_reads_knobs_from_verls_actor_config(model_dir):
 
 
 @needs_verl
-@pytest.mark.parametrize("name,agg", [("token_ppo", None), ("st_ppo", None), ("turn_ppo", None),
-                                      ("turn_ppo", "token-mean"), ("s_ppo", "seq-mean-token-mean")])
-def test_micro_batches_add_up_to_the_mini_batch_loss(name, agg):
+@pytest.mark.parametrize("name,agg,knobs", [
+    ("token_ppo", None, {}), ("st_ppo", None, {}), ("turn_ppo", None, {}), ("turn_ppo", "token-mean", {}),
+    ("s_ppo", "seq-mean-token-mean", {}), ("turn_ppo", None, {"clip_bias": True, "clip_bias_stat": "rms"}),
+    ("turn_is", None, {"clip_ratio_c": 2.0}), ("st_ppo", None, {"clip_bias_stat": "rms", "clip_bias_threshold": 1.2})])
+def test_micro_batches_add_up_to_the_mini_batch_loss(name, agg, knobs):
     """verl back-propagates every micro-batch loss as is: with verl's global batch info the micro-batch
-    losses (and gradients) sum to the loss of the whole mini-batch."""
+    losses (and gradients) sum to the loss of the whole mini-batch (dual clip and per-row corrections too)."""
     from verl.trainer.ppo import core_algos
 
     from ragen_turn import algos
 
     mask, old, new, adv = random_turn_batch(5, B=8, turn_constant=name == "turn_ppo")
+    new = old + (new - old) * 4  # ratios far from 1: clipping, dual clip and the correction are active
     tid = algos.turn_ids_from_mask(mask)
     info = {"dp_size": 1, "batch_num_tokens": int(mask.sum()), "global_batch_size": 8,
             "batch_num_turns": int((tid.max(dim=1).values + 1).sum())}
-    cfg = {"policy_loss": {"loss_agg_mode": agg}, "global_batch_info": info}
+    sub = {k: v for k, v in knobs.items() if k != "clip_ratio_c"}  # clip_ratio_c is an actor key (verl's)
+    cfg = {"policy_loss": {"loss_agg_mode": agg, **sub}, "global_batch_info": info,
+           **({"clip_ratio_c": knobs["clip_ratio_c"]} if "clip_ratio_c" in knobs else {})}
     fn = core_algos.get_policy_loss_fn(name)
     full = new.clone().requires_grad_(True)
     total = sum(fn(old[i:i + 3], full[i:i + 3], adv[i:i + 3], mask[i:i + 3].bool(), "token-mean", cfg, None)[0]
                 for i in range(0, 8, 3))
     ref_new = new.clone().requires_grad_(True)
-    ref, _ = algos.get_policy_loss_fn(name)(old, ref_new, adv, mask, agg, {})
+    ref, m = algos.get_policy_loss_fn(name)(old, ref_new, adv, mask, agg, knobs)
+    assert m["actor/clip_frac_token"] > 0 and (m["actor/dual_clip_frac"] > 0 or name != "turn_is")
     assert torch.allclose(total, ref, atol=1e-6)
     total.backward()
     ref.backward()
@@ -344,6 +350,9 @@ def test_config_mapping_is_accepted_by_verls_config_classes(model_dir, algo):
     ours = cfg.actor_rollout_ref.actor
     assert a.policy_loss.loss_mode == ours.policy_loss.loss_mode
     assert (a.clip_ratio_low, a.clip_ratio_high) == (ours.clip_ratio_low, ours.clip_ratio_high)
+    assert a.clip_ratio_c == ours.clip_ratio_c == 3.0  # dual clip: verl's key, read by verl's and our losses
+    assert a.policy_loss.clip_bias_stat == ours.policy_loss.clip_bias_stat
+    assert a.policy_loss.clip_bias_threshold == ours.policy_loss.clip_bias_threshold
     assert a.optim.lr == ours.optim.lr and a.ppo_epochs == cfg.ppo_epochs
     assert a.ppo_mini_batch_size == cfg.ppo_mini_batch_size and a.use_kl_loss and a.shuffle is False
     assert built["rollout"].n == 1 and built["rollout"].agent.default_agent_loop == "ragen_turn_env"
@@ -370,6 +379,8 @@ def test_config_mapping_errors_name_the_key(model_dir):
         verl_cfg(model_dir, "algo=turn_ppo", "critic.shared_backbone=true")
     with pytest.raises(ValueError, match="time_budget_s"):
         verl_cfg(model_dir, "trainer.time_budget_s=60")
+    with pytest.raises(ValueError, match="clip_bias_level=batch"):  # verl cannot gather the statistic first
+        verl_cfg(model_dir, "algo=st_ppo", "actor_rollout_ref.actor.policy_loss.clip_bias_level=batch")
 
 
 @needs_verl

@@ -5,7 +5,9 @@
   keyword signature: ``get_adv_estimator_fn(name)(turn_rewards=, turn_mask=, turn_ids=, response_mask=,
   group_ids=, values=, config=) -> (advantages, returns)``).
 - :mod:`.losses`: ``token_ppo``, ``turn_ppo``, ``turn_ppo_geo``, ``turn_is``, ``s_ppo``, ``st_ppo``
-  (registry by name, verl's argument order), ``value_loss``, ``kl_penalty``.
+  (registry by name, verl's argument order, dual clip, the clipping-bias correction in SPEC's ``mass`` and
+  SORL's ``rms`` readings), ``value_loss``, ``kl_penalty``; :class:`GlobalCounts` makes micro-batch losses add
+  up to the mini-batch's.
 """
 from .advantages import (
     ADV_ESTIMATOR_REGISTRY,
@@ -24,12 +26,18 @@ from .advantages import (
 )
 from .losses import (
     POLICY_LOSS_REGISTRY,
+    SUMMED_METRICS,
+    GlobalCounts,
+    LossSettings,
     PPOTerms,
     clip_bias_scale,
     explained_variance,
     get_policy_loss_fn,
     kl_penalty,
+    loss_settings,
     masked_mean,
+    minibatch_clip_stats,
+    needs_minibatch_stats,
     policy_loss,
     register_policy_loss,
     value_loss,

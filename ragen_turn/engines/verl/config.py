@@ -34,8 +34,9 @@ class RagenPolicyLossConfig(PolicyLossConfig):
     ratio_mode: Optional[str] = None
     clip_bias: bool = False
     clip_bias_level: str = "sample"
+    clip_bias_stat: str = "mass"
+    clip_bias_threshold: Optional[float] = None
     loss_agg_mode: Optional[str] = None
-    log_ratio_clamp: float = 20.0
 
 
 def verl_default_config() -> DictConfig:
@@ -67,6 +68,15 @@ def check_ragen_config(cfg: DictConfig) -> None:
         if bm % dp or kept % dp:
             raise ValueError(f"ppo_mini_batch_size={bm} and the kept batch ({kept}) must be multiples of the data "
                              f"parallel size {dp} (trainer.n_gpus_per_node x trainer.nnodes)")
+    pl = cfg.actor_rollout_ref.actor.policy_loss
+    from ragen_turn.algos import needs_minibatch_stats
+
+    if needs_minibatch_stats(str(pl.loss_mode), _plain(pl)) and (n_gpus > 1 or int(cfg.micro_batch_size_per_gpu) < bm):
+        raise ValueError("actor_rollout_ref.actor.policy_loss.clip_bias_level=batch on engine=verl needs "
+                         f"micro_batch_size_per_gpu ({cfg.micro_batch_size_per_gpu}) >= ppo_mini_batch_size ({bm}) "
+                         f"on one GPU (here {n_gpus}): verl back-propagates each micro-batch before it has seen the "
+                         "next, so the mini-batch statistic cannot be gathered first (engine=local does); "
+                         "or use clip_bias_level=sample")
     if v.rollout_name not in ("vllm", "sglang"):
         raise ValueError(f"engine.verl.rollout_name must be vllm or sglang, got {v.rollout_name!r}")
     if int(v.prompt_length) < 1:
@@ -130,6 +140,7 @@ def to_verl_config(cfg: DictConfig, model_path: Optional[str] = None) -> DictCon
                 "clip_ratio": float(a.clip_ratio_low),
                 "clip_ratio_low": float(a.clip_ratio_low),
                 "clip_ratio_high": float(a.clip_ratio_high),
+                "clip_ratio_c": float(a.clip_ratio_c),  # dual clip: verl's own key, read by our losses too
                 "entropy_coeff": float(a.entropy_coeff),
                 "use_kl_loss": bool(a.use_kl_loss),
                 "kl_loss_coef": float(a.kl_loss_coef),
@@ -145,6 +156,8 @@ def to_verl_config(cfg: DictConfig, model_path: Optional[str] = None) -> DictCon
                     "ratio_mode": a.policy_loss.get("ratio_mode"),
                     "clip_bias": bool(a.policy_loss.get("clip_bias", False)),
                     "clip_bias_level": str(a.policy_loss.get("clip_bias_level", "sample")),
+                    "clip_bias_stat": str(a.policy_loss.get("clip_bias_stat", "mass")),
+                    "clip_bias_threshold": a.policy_loss.get("clip_bias_threshold"),
                     "loss_agg_mode": a.policy_loss.get("loss_agg_mode"),
                 },
                 "fsdp_config": fsdp,

@@ -4,7 +4,7 @@ verl normalises a micro-batch's loss by counts over the whole (global) mini-batc
 knows for tokens and sequences. ``turn_ppo``'s default ``turn-mean`` needs the number of turns in
 the mini-batch: the trainer computes it per row (:func:`minibatch_turn_counts`) into the batch field
 ``ragen_minibatch_turns``, and this wrapper hands it to the policy loss through
-``config.global_batch_info["batch_num_turns"]`` (see ``register.global_scale``).
+``config.global_batch_info["batch_num_turns"]`` (see ``register.global_counts``).
 """
 from __future__ import annotations
 

@@ -7,12 +7,15 @@ engine sets ``VERL_USE_EXTERNAL_MODULES`` (read by ``import verl``) and
 ``actor_rollout_ref.model.external_lib`` to this module.
 
 The maths is ``ragen_turn.algos``; an adapter only
-- reads our knobs from verl's ``ActorConfig`` (``clip_ratio_low/high`` and ``policy_loss.{ratio_mode,
-  clip_bias, clip_bias_level, loss_agg_mode}``, see :class:`~.config.RagenPolicyLossConfig`),
+- reads our knobs from verl's ``ActorConfig`` (``clip_ratio_low/high``, ``clip_ratio_c`` and
+  ``policy_loss.{ratio_mode, clip_bias, clip_bias_level, clip_bias_stat, clip_bias_threshold,
+  loss_agg_mode}``, see :class:`~.config.RagenPolicyLossConfig`),
 - takes the turns from the runs of 1s in ``response_mask`` (all a registered loss sees), and
-- rescales the micro-batch mean to verl's global mini-batch normalisation: verl back-propagates each
-  micro-batch loss as is, so a loss must be ``sum over its units / (units in the global mini-batch) *
-  dp_size`` (``config.global_batch_info``, as verl's own ``agg_loss`` does).
+- hands verl's global mini-batch counts to the loss as :class:`ragen_turn.algos.GlobalCounts`: verl
+  back-propagates each micro-batch loss as is, so a loss must be ``sum over its units / (units in the
+  global mini-batch) * dp_size`` (``config.global_batch_info``, as verl's own ``agg_loss`` does), i.e.
+  counts divided by ``dp_size``. The local engine passes the same object, so both engines optimise one
+  objective.
 """
 from __future__ import annotations
 
@@ -27,7 +30,7 @@ from ragen_turn.algos.losses import cfg_get
 POLICY_LOSSES = ("token_ppo", "turn_ppo", "turn_ppo_geo", "turn_is", "s_ppo", "st_ppo")
 TURN_UNIT_LOSSES = ("turn_ppo", "turn_ppo_geo")
 ADV_ESTIMATORS = ("turn_gae",)
-_KNOBS = ("ratio_mode", "clip_bias", "clip_bias_level", "loss_agg_mode", "log_ratio_clamp")
+_KNOBS = ("ratio_mode", "clip_bias", "clip_bias_level", "clip_bias_stat", "clip_bias_threshold", "loss_agg_mode")
 
 
 def core_config(config: Any) -> Dict[str, Any]:
@@ -35,7 +38,7 @@ def core_config(config: Any) -> Dict[str, Any]:
     out: Dict[str, Any] = {}
     if config is None:
         return out
-    for key in ("clip_ratio_low", "clip_ratio_high"):
+    for key in ("clip_ratio_low", "clip_ratio_high", "clip_ratio_c"):
         val = cfg_get(config, key)
         if val is not None:
             out[key] = float(val)
@@ -54,33 +57,30 @@ def _batch_info(config: Any) -> Dict[str, Any]:
     return dict(info or {})
 
 
-def global_scale(name: str, response_mask: torch.Tensor, agg: Optional[str], info: Dict[str, Any]) -> float:
-    """Factor that turns the loss's local mean into verl's global mini-batch normalisation.
+def global_counts(name: str, response_mask: torch.Tensor, agg: Optional[str],
+                  info: Dict[str, Any]) -> Optional[algos.GlobalCounts]:
+    """verl's global mini-batch counts (``global_batch_info``) as the loss's :class:`~ragen_turn.algos.GlobalCounts`.
 
-    Units and normalisers (local count / global count, times ``dp_size``):
-    - token-unit losses, ``token-mean`` and ``turn_ppo`` with ``token-mean``: response tokens /
-      ``batch_num_tokens``;
-    - ``seq-mean-token-mean``: rows with a response / ``global_batch_size``;
-    - ``turn_ppo`` with ``turn-mean``: turns / ``batch_num_turns`` (set by the verl trainer, which
-      knows each mini-batch's turn count); without it, rows / ``global_batch_size`` (each
-      micro-batch's turn mean weighted by its share of episodes).
-    With no batch info (a direct call) the factor is 1: the plain mean of this batch.
+    Every count is divided by ``dp_size`` (each rank's loss is averaged over ranks): response tokens
+    ``batch_num_tokens``, rows ``global_batch_size`` and turns ``batch_num_turns`` (set by the verl
+    trainer, which knows each mini-batch's turn count). Without the turn count, a ``turn-mean`` loss
+    normalises by this micro-batch's turns scaled to the mini-batch's rows (each micro-batch's turn mean
+    weighted by its share of episodes). With no batch info (a direct call): None, the batch's own mean.
     """
+    if not info:
+        return None
     dp = int(info.get("dp_size") or 1)
     mask = response_mask.bool()
+    n_tok, n_seq, n_turns = (info.get(k) for k in ("batch_num_tokens", "global_batch_size", "batch_num_turns"))
     rows = float((mask.sum(dim=1) > 0).sum())
     default = "turn-mean" if name in TURN_UNIT_LOSSES else "token-mean"
-    agg = agg or default
-    if agg == "token-mean":
-        n_global = info.get("batch_num_tokens")
-        return float(mask.sum()) / float(n_global) * dp if n_global else 1.0
-    if agg == "turn-mean":
-        n_turns = info.get("batch_num_turns")
-        if n_turns:
-            local = float((algos.turn_ids_from_mask(mask).max(dim=1).values + 1).sum())
-            return local / float(n_turns) * dp
-    n_seq = info.get("global_batch_size")
-    return rows / float(n_seq) * dp if n_seq else 1.0
+    if n_turns:
+        turns = float(n_turns) / dp
+    else:
+        local = float((algos.turn_ids_from_mask(mask).max(dim=1).values + 1).clamp(min=0).sum())
+        turns = local * float(n_seq) / dp / rows if n_seq and rows and (agg or default) == "turn-mean" else 0.0
+    return algos.GlobalCounts(tokens=float(n_tok) / dp if n_tok else 0.0, turns=turns,
+                              rows=float(n_seq) / dp if n_seq else 0.0)
 
 
 def make_policy_loss(name: str):
@@ -92,10 +92,9 @@ def make_policy_loss(name: str):
         # verl's actor-level loss_agg_mode aggregates entropy/KL; ours comes from policy_loss.loss_agg_mode
         cfg = core_config(config)
         agg = cfg.pop("loss_agg_mode", None)
-        loss, metrics = core(old_log_prob=old_log_prob, log_prob=log_prob, advantages=advantages,
-                             response_mask=response_mask, loss_agg_mode=agg, config=cfg,
-                             rollout_is_weights=rollout_is_weights)
-        return loss * global_scale(name, response_mask, agg, _batch_info(config)), metrics
+        counts = global_counts(name, response_mask, agg, _batch_info(config))
+        return core(old_log_prob=old_log_prob, log_prob=log_prob, advantages=advantages, response_mask=response_mask,
+                    loss_agg_mode=agg, config=cfg, rollout_is_weights=rollout_is_weights, global_counts=counts)
 
     policy_loss.__name__ = f"compute_policy_loss_{name}_verl"
     policy_loss.__doc__ = f"verl adapter of ragen_turn.algos policy loss {name!r}.\n\n{core.__doc__ or ''}"
