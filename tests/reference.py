@@ -61,29 +61,31 @@ def ref_grpo(scores, group_ids, norm_by_std=True, eps=1e-6):
     return torch.tensor(out)
 
 
-def ref_token_gae(rewards, values, mask, gamma, lam):
+def ref_token_gae(rewards, values, mask, gamma, lam, last_values=None):
     B, T = mask.shape
     adv = torch.zeros(B, T)
     for b in range(B):
         pos = [t for t in range(T) if mask[b, t] == 1]
+        boot = 0.0 if last_values is None else last_values[b].item()
         last = 0.0
         for i in range(len(pos) - 1, -1, -1):
             t = pos[i]
-            v_next = values[b, pos[i + 1]].item() if i + 1 < len(pos) else 0.0
+            v_next = values[b, pos[i + 1]].item() if i + 1 < len(pos) else boot
             delta = rewards[b, t].item() + gamma * v_next - values[b, t].item()
             last = delta + gamma * lam * last
             adv[b, t] = last
     return adv, (adv + values) * mask
 
 
-def ref_turn_gae(turn_rewards, turn_values, turn_mask, gamma, lam):
+def ref_turn_gae(turn_rewards, turn_values, turn_mask, gamma, lam, last_values=None):
     B, H = turn_mask.shape
     adv = torch.zeros(B, H)
     for b in range(B):
         n = int(turn_mask[b].sum())
+        boot = 0.0 if last_values is None else last_values[b].item()
         last = 0.0
         for h in range(n - 1, -1, -1):
-            v_next = turn_values[b, h + 1].item() if h + 1 < n else 0.0
+            v_next = turn_values[b, h + 1].item() if h + 1 < n else boot
             delta = turn_rewards[b, h].item() + gamma * v_next - turn_values[b, h].item()
             last = delta + gamma * lam * last
             adv[b, h] = last

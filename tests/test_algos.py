@@ -194,6 +194,50 @@ def test_gae_functions_match_loop_references(seed):
     assert torch.allclose(a, ra, atol=1e-5) and torch.allclose(r, rr, atol=1e-5)
 
 
+def test_bootstrap_truncated_hand_cases():
+    """A truncated row bootstraps from V(state after its last turn); a finished row (last_values 0) does not."""
+    r = torch.tensor([[0.0, 1.0], [0.0, 1.0]])
+    v = torch.tensor([[0.5, 0.8], [0.5, 0.8]])
+    adv, ret = compute_turn_gae(r, v, torch.ones(2, 2), gamma=0.9, lam=0.8, last_values=torch.tensor([2.0, 0.0]))
+    # row 0: delta1 = 1 + .9*2 - .8 = 2.0 ; delta0 = .9*.8 - .5 = .22 ; A0 = .22 + .72*2 = 1.66
+    assert torch.allclose(adv, torch.tensor([[1.66, 2.0], [0.364, 0.2]]))
+    assert torch.allclose(ret, torch.tensor([[2.16, 2.8], [0.864, 1.0]]))
+    # a row with fewer turns gets its bootstrap after its own last turn
+    adv, _ = compute_turn_gae(torch.tensor([[1.0, 0.0]]), torch.tensor([[0.5, 0.0]]), torch.tensor([[1.0, 0.0]]),
+                              gamma=0.5, lam=1.0, last_values=torch.tensor([4.0]))
+    assert adv.tolist() == [[pytest.approx(1.0 + 0.5 * 4.0 - 0.5), 0.0]]
+    mask = torch.tensor([[0.0, 1, 1, 0, 0, 1, 0]])
+    rew = torch.tensor([[0.0, 0, 0.5, 0, 0, 1.0, 0]])
+    vals = torch.tensor([[0.0, 0.1, 0.2, 9.0, 9.0, 0.3, 0.0]])
+    adv, ret = compute_token_gae(rew, vals, mask, gamma=0.5, lam=1.0, last_values=torch.tensor([1.0]))
+    # A5 = 1 + .5*1 - .3 = 1.2 ; A2 = .5 + .5*.3 - .2 + .5*1.2 = 1.05 ; A1 = .5*.2 - .1 + .5*1.05 = .525
+    assert torch.allclose(adv, torch.tensor([[0.0, 0.525, 1.05, 0, 0, 1.2, 0]]))
+    with pytest.raises(ValueError, match="bootstrap"):
+        get_adv_estimator_fn("grpo")(turn_rewards=r, turn_mask=torch.ones(2, 2), turn_ids=None, response_mask=None,
+                                     group_ids=torch.tensor([0, 0]), values=None, config={},
+                                     bootstrap_values=torch.zeros(2))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_bootstrapped_gae_matches_loop_references(seed):
+    mask, _ = random_batch(seed, B=6, max_turns=5, max_len=7)
+    g = torch.Generator().manual_seed(seed)
+    tid = turn_ids_from_mask(mask)
+    H = int(tid.max()) + 1
+    tm = turn_mask_from_ids(tid, H)
+    turn_r = torch.randn(6, H, generator=g) * tm
+    values = torch.randn(*mask.shape, generator=g) * mask
+    boot = torch.randn(6, generator=g) * (torch.rand(6, generator=g) > 0.5)
+    tok_r = place_turn_rewards(turn_r, tid)
+    a, r = compute_token_gae(tok_r, values, mask, 0.9, 0.95, last_values=boot)
+    ra, rr = ref_token_gae(tok_r, values, mask, 0.9, 0.95, last_values=boot)
+    assert torch.allclose(a, ra, atol=1e-5) and torch.allclose(r, rr, atol=1e-5)
+    tv = torch.randn(6, H, generator=g) * tm
+    a, r = compute_turn_gae(turn_r, tv, tm, 0.99, 0.9, last_values=boot)
+    ra, rr = ref_turn_gae(turn_r, tv, tm, 0.99, 0.9, last_values=boot)
+    assert torch.allclose(a, ra, atol=1e-5) and torch.allclose(r, rr, atol=1e-5)
+
+
 def test_registry_names():
     for name in ["grpo", "token_gae", "turn_gae", "bi_level_gae"]:
         assert callable(get_adv_estimator_fn(name))

@@ -5,7 +5,12 @@ The maths (``compute_*``) takes each estimator's own inputs. The registry (like 
 signature, so a trainer dispatches with ``get_adv_estimator_fn(name)(**inputs)``::
 
     advantages, returns = fn(turn_rewards=[B, H], turn_mask=[B, H], turn_ids=[B, T], response_mask=[B, T],
-                             group_ids=[B], values=[B, T] or None, config=algorithm config)
+                             group_ids=[B], values=[B, T] or None, config=algorithm config,
+                             bootstrap_values=[B] or None)
+
+``bootstrap_values`` (``algorithm.bootstrap_truncated``): V of the state after each row's last turn for
+rows cut by the context window or the turn / action budget (0 for finished rows); the GAE estimators use it
+as the value after the last turn instead of 0.
 
 All functions are pure, run under ``torch.no_grad`` and are vectorised over the batch; recurrences
 over time are done with a blocked discounted reverse cumulative sum (matrix products), not a
@@ -140,17 +145,21 @@ def compute_grpo_advantages(scores: torch.Tensor, group_ids: torch.Tensor, norm_
 # --------------------------------------------------------------------------------------------
 @torch.no_grad()
 def compute_token_gae(token_rewards: torch.Tensor, values: torch.Tensor, response_mask: torch.Tensor,
-                      gamma: float, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+                      gamma: float, lam: float,
+                      last_values: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Token-level GAE that skips environment tokens (RAGEN's multi-turn PPO baseline).
 
     ``delta_t = r_t + gamma * V_next - V_t`` where ``V_next`` is the value at the next *response*
-    token of the row (environment tokens in between are skipped) and 0 after the last one;
-    ``A_t = delta_t + gamma * lam * A_next``; ``returns = A + V``.
+    token of the row (environment tokens in between are skipped) and, after the last one,
+    ``last_values`` (0 when not given: the episode is done); ``A_t = delta_t + gamma * lam * A_next``;
+    ``returns = A + V``.
 
     Args:
         token_rewards: ``[B, T]`` (0 off the response; r_h sits on the last token of turn h).
         values: ``[B, T]`` critic values V_t (read where ``response_mask`` is 1).
         response_mask: ``[B, T]`` 0/1.
+        last_values: ``[B]`` V of the state after the row's last turn, to bootstrap rows that were cut
+            (truncated) rather than finished; 0 for finished rows.
     Returns:
         advantages, returns: ``[B, T]``, 0 off the response.
     """
@@ -162,6 +171,7 @@ def compute_token_gae(token_rewards: torch.Tensor, values: torch.Tensor, respons
     r, pmask, rank = compact_rows(token_rewards.float(), mask)
     v, _, _ = compact_rows(values.float(), mask)
     v_next = torch.nn.functional.pad(v[:, 1:], (0, 1)) * torch.nn.functional.pad(pmask[:, 1:], (0, 1))
+    v_next = _bootstrap_last(v_next, pmask, last_values)
     delta = (r + gamma * v_next - v) * pmask
     adv = discounted_reverse_cumsum(delta, gamma * lam) * pmask
     advantages = uncompact_rows(adv, mask, rank)
@@ -174,15 +184,19 @@ def compute_token_gae(token_rewards: torch.Tensor, values: torch.Tensor, respons
 # --------------------------------------------------------------------------------------------
 @torch.no_grad()
 def compute_turn_gae(turn_rewards: torch.Tensor, turn_values: torch.Tensor, turn_mask: torch.Tensor,
-                     gamma: float, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+                     gamma: float, lam: float,
+                     last_values: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Turn-level GAE over the turn-MDP (Turn-PPO).
 
-    ``delta_h = r_h + gamma * V(s_{h+1}) * (1 - done_h) - V(s_h)``, with done after the row's last
-    turn; ``A_h = sum_l (gamma*lam)^l delta_{h+l}``; ``return_h = A_h + V(s_h)``.
+    ``delta_h = r_h + gamma * V(s_{h+1}) - V(s_h)``; after the row's last turn ``V(s_{h+1})`` is
+    ``last_values`` (0 when not given: done); ``A_h = sum_l (gamma*lam)^l delta_{h+l}``;
+    ``return_h = A_h + V(s_h)``.
 
     Args:
         turn_rewards: ``[B, H]`` r_h; turn_values: ``[B, H]`` V(s_h); turn_mask: ``[B, H]`` 0/1,
             a prefix of 1s per row (turns 0..n_b-1).
+        last_values: ``[B]`` V of the state after the row's last turn, to bootstrap rows that were cut
+            (truncated) rather than finished; 0 for finished rows.
     Returns:
         advantages, returns: ``[B, H]``, 0 where ``turn_mask`` is 0.
     """
@@ -192,7 +206,7 @@ def compute_turn_gae(turn_rewards: torch.Tensor, turn_values: torch.Tensor, turn
     if (m[:, 1:] > m[:, :-1]).any():
         raise ValueError("turn_mask must be a prefix of 1s in each row (no gap between turns)")
     v = turn_values.float() * m
-    v_next = torch.nn.functional.pad(v[:, 1:], (0, 1))  # 0 after the last turn: done
+    v_next = _bootstrap_last(torch.nn.functional.pad(v[:, 1:], (0, 1)), m, last_values)  # 0 after the last: done
     delta = (turn_rewards.float() + gamma * v_next - v) * m
     adv = discounted_reverse_cumsum(delta, gamma * lam) * m
     return adv, (adv + v) * m
@@ -297,8 +311,9 @@ def _turn_rows(turn_ids: torch.Tensor, H: int, *xs: torch.Tensor):
 @torch.no_grad()
 def grpo_advantage(*, turn_rewards: torch.Tensor, turn_mask: torch.Tensor, turn_ids: torch.Tensor,
                    response_mask: torch.Tensor, group_ids: Optional[torch.Tensor], values: Optional[torch.Tensor],
-                   config: Any) -> tuple[torch.Tensor, torch.Tensor]:
+                   config: Any, bootstrap_values: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """GRPO: the episode's group-normalised return on every response token; returns = advantages (no critic)."""
+    _no_bootstrap("grpo", bootstrap_values)
     scores = turn_rewards.sum(dim=1)
     adv = compute_grpo_advantages(scores, group_ids, norm_by_std=bool(cfg_get(config, "norm_adv_by_std_in_grpo", True)))
     advantages = adv[:, None] * response_mask
@@ -309,10 +324,12 @@ def grpo_advantage(*, turn_rewards: torch.Tensor, turn_mask: torch.Tensor, turn_
 @torch.no_grad()
 def token_gae_advantage(*, turn_rewards: torch.Tensor, turn_mask: torch.Tensor, turn_ids: torch.Tensor,
                         response_mask: torch.Tensor, group_ids: Optional[torch.Tensor],
-                        values: Optional[torch.Tensor], config: Any) -> tuple[torch.Tensor, torch.Tensor]:
+                        values: Optional[torch.Tensor], config: Any,
+                        bootstrap_values: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Token GAE over the response tokens, r_h on turn h's last token (:func:`compute_token_gae`)."""
     adv, ret = compute_token_gae(place_turn_rewards(turn_rewards, turn_ids), values, response_mask,
-                                 float(cfg_get(config, "gamma", 1.0)), float(cfg_get(config, "lam", 1.0)))
+                                 float(cfg_get(config, "gamma", 1.0)), float(cfg_get(config, "lam", 1.0)),
+                                 last_values=bootstrap_values)
     return (masked_whiten(adv, response_mask) if cfg_get(config, "norm_adv", True) else adv), ret
 
 
@@ -320,8 +337,10 @@ def token_gae_advantage(*, turn_rewards: torch.Tensor, turn_mask: torch.Tensor, 
 @torch.no_grad()
 def bi_level_gae_advantage(*, turn_rewards: torch.Tensor, turn_mask: torch.Tensor, turn_ids: torch.Tensor,
                            response_mask: torch.Tensor, group_ids: Optional[torch.Tensor],
-                           values: Optional[torch.Tensor], config: Any) -> tuple[torch.Tensor, torch.Tensor]:
+                           values: Optional[torch.Tensor], config: Any,
+                           bootstrap_values: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """RAGEN's bi-level GAE (:func:`compute_bi_level_gae`; ``bi_level_gae_turn_ends``: mask | rewards)."""
+    _no_bootstrap("bi_level_gae", bootstrap_values)
     adv, ret = compute_bi_level_gae(turn_rewards, values, response_mask, float(cfg_get(config, "gamma", 1.0)),
                                     float(cfg_get(config, "lam", 1.0)),
                                     float(cfg_get(config, "high_level_gamma", 0.95)),
@@ -333,7 +352,7 @@ def bi_level_gae_advantage(*, turn_rewards: torch.Tensor, turn_mask: torch.Tenso
 @torch.no_grad()
 def turn_gae_advantage(*, turn_rewards: torch.Tensor, turn_mask: torch.Tensor, turn_ids: torch.Tensor,
                        response_mask: torch.Tensor, group_ids: Optional[torch.Tensor], values: Optional[torch.Tensor],
-                       config: Any) -> tuple[torch.Tensor, torch.Tensor]:
+                       config: Any, bootstrap_values: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Turn-PPO's turn GAE, the one pipeline both engines run: V(s_h) = the value at turn h's first token
     (0 without a critic), :func:`compute_turn_gae` over the turns, whitened over turns (each turn is one
     sample of the turn-MDP), then turn h's advantage and return on every token of turn h.
@@ -342,10 +361,30 @@ def turn_gae_advantage(*, turn_rewards: torch.Tensor, turn_mask: torch.Tensor, t
     turn_values = turn_start_values(values.float(), turn_ids, H) if values is not None \
         else torch.zeros_like(turn_rewards, dtype=torch.float32)
     adv, ret = compute_turn_gae(turn_rewards, turn_values, turn_mask, float(cfg_get(config, "gamma", 1.0)),
-                                float(cfg_get(config, "lam", 1.0)))
+                                float(cfg_get(config, "lam", 1.0)), last_values=bootstrap_values)
     if cfg_get(config, "norm_adv", True):
         adv = masked_whiten(adv, turn_mask)
     return scatter_turns(adv, turn_ids) * response_mask, scatter_turns(ret, turn_ids) * response_mask
+
+
+def _no_bootstrap(name: str, bootstrap_values: Optional[torch.Tensor]) -> None:
+    if bootstrap_values is not None:
+        raise ValueError(f"algorithm.adv_estimator={name} does not bootstrap truncated episodes "
+                         "(algorithm.bootstrap_truncated needs token_gae or turn_gae)")
+
+
+def _bootstrap_last(v_next: torch.Tensor, mask: torch.Tensor, last_values: Optional[torch.Tensor]) -> torch.Tensor:
+    """``v_next`` ``[B, N]`` with ``last_values`` ``[B]`` placed at each row's last masked entry (a prefix mask)."""
+    if last_values is None or v_next.shape[1] == 0:
+        return v_next
+    check_ndim("last_values", last_values, 1)
+    if last_values.shape[0] != v_next.shape[0]:
+        raise ValueError(f"last_values has {last_values.shape[0]} rows, the batch {v_next.shape[0]}")
+    check_finite("last_values", last_values)
+    n = mask.sum(dim=1).long()
+    last = (n - 1).clamp(min=0)[:, None]
+    boot = (last_values.to(v_next) * (n > 0).to(v_next))[:, None]
+    return v_next.scatter(1, last, boot)
 
 
 def _check_gae_inputs(gamma: float, lam: float, **tensors: torch.Tensor) -> None:
