@@ -133,3 +133,64 @@ def test_progress_line_shows_missing_and_nan_as_dash():
                                  "val/reward": 2.0, "val/invalid_action_rate": 0.0})
     assert line.startswith("step    3") and "reward 1.500" in line and "success -" in line
     assert "| val success 0.250" in line
+
+
+# ------------------------------------------------------------------------------------------------
+# reward normalisation (RAGEN's rule)
+# ------------------------------------------------------------------------------------------------
+def _norm_cfg(method, grouping="state", turn_scores=True):
+    return micro_config([f"agent_proxy.reward_normalization.method={method}",
+                         f"agent_proxy.reward_normalization.grouping={grouping}",
+                         f"agent_proxy.use_turn_scores={str(turn_scores).lower()}"])
+
+
+def _episodes_batch(returns_per_turn, group_ids):
+    from ragen_turn.rollout import Trajectory
+    from ragen_turn.rollout.trajectory import Episode
+
+    eps = []
+    for rewards, g in zip(returns_per_turn, group_ids):
+        ids, mask, tids = [1], [0], [-1]
+        for h in range(len(rewards)):
+            ids += [2, 1]
+            mask += [1, 0]
+            tids += [h, -1]
+        eps.append(Episode(token_ids=ids, response_mask=mask, turn_ids=tids, turn_rewards=list(rewards), group_id=g,
+                           env_seed=g))
+    return Trajectory.from_episodes(eps, pad_token_id=0)
+
+
+def test_mean_std_with_one_episode_per_group_leaves_rewards_alone():
+    """G = 1 (the papers' batch design): RAGEN normalises nothing when no group has two episodes; the old rule
+    divided by std + 1e-6 = 1e-6 and gave [-1e5, -1e5, 2e5]-sized rewards."""
+    batch = _episodes_batch([[-0.1, -0.1, 10.9], [-0.1, 1.0]], [0, 1])
+    out = common.normalized_turn_rewards(batch, _norm_cfg("mean_std"))
+    assert torch.allclose(out, batch.turn_rewards)
+    assert float(out.abs().max()) < 11
+
+
+def test_mean_std_zero_for_groups_without_spread():
+    # group 0: equal returns 10.7 reached by float sums that differ in the 7th digit; group 1: spread; group 2: one
+    batch = _episodes_batch([[10.9, -0.1, -0.1], [-0.1, -0.1, 10.9], [1.0], [3.0], [5.0]], [0, 0, 1, 1, 2])
+    R = batch.turn_rewards.sum(dim=1)
+    assert R[0] != R[1] and abs(float(R[0] - R[1])) < 2e-6
+    out = common.normalized_turn_rewards(batch, _norm_cfg("mean_std"))
+    ret = out.sum(dim=1)
+    assert ret[:2].tolist() == [0.0, 0.0]  # std <= 1e-6: zeros (not 0.5 and 0)
+    s = math.sqrt(2.0)  # sample std of (1, 3)
+    assert ret[2:4].tolist() == pytest.approx([-1 / (s + 1e-6), 1 / (s + 1e-6)], rel=1e-5)
+    assert ret[4].item() == 0.0  # a one-episode group in a batch with larger groups: no spread, zero
+    assert torch.all(out[:2] == 0)  # every turn reward of a flat group is 0, not only the return
+    out_mean = common.normalized_turn_rewards(batch, _norm_cfg("mean"))
+    assert out_mean.sum(dim=1)[2:].tolist() == pytest.approx([-1.0, 1.0, 0.0], abs=1e-5)
+
+
+def test_mean_std_over_the_batch_and_equal_returns():
+    batch = _episodes_batch([[1.0], [1.0], [1.0]], [0, 1, 2])
+    out = common.normalized_turn_rewards(batch, _norm_cfg("mean_std", grouping="batch"))
+    assert torch.all(out == 0)  # one group of three equal returns
+    batch = _episodes_batch([[1.0, 1.0], [0.0]], [0, 1])
+    out = common.normalized_turn_rewards(batch, _norm_cfg("mean_std", grouping="batch", turn_scores=False))
+    ret = out.sum(dim=1)
+    assert ret.tolist() == pytest.approx([1 / (math.sqrt(2) + 1e-6), -1 / (math.sqrt(2) + 1e-6)], rel=1e-5)
+    assert out[0, 0].item() == 0.0  # use_turn_scores=false: the return sits on the last turn

@@ -33,9 +33,9 @@ def kept_rows(group_ids: torch.Tensor, episode_rewards: torch.Tensor, ratio: flo
 def normalized_turn_rewards(batch: Trajectory, cfg: Any) -> torch.Tensor:
     """Turn rewards ``[B, H]`` after ``agent_proxy.use_turn_scores`` and RAGEN's reward normalisation.
 
-    Normalisation is an affine map of each episode's return R -> (R - mean) / std over its group
-    (``grouping=state``) or the batch: every turn reward is divided by std and the mean comes off
-    the last turn, so the per-turn structure is kept.
+    Normalisation is an affine map of each episode's return R -> (R - mean) * scale over its group
+    (``grouping=state``) or the batch (:func:`group_return_affine`): every turn reward is multiplied by
+    the scale and the mean comes off the last turn, so the per-turn structure is kept.
     """
     ap = cfg.agent_proxy
     tr, tm = batch.turn_rewards.clone(), batch.turn_mask
@@ -47,17 +47,36 @@ def normalized_turn_rewards(batch: Trajectory, cfg: Any) -> torch.Tensor:
     if method == "identity":
         return tr
     groups = batch.group_ids if ap.reward_normalization.grouping == "state" else torch.zeros_like(batch.group_ids)
-    R = tr.sum(dim=1)
+    mean, scale = group_return_affine(tr.sum(dim=1), groups, method)
+    tr = tr * scale[:, None]
+    return tr.scatter_add(1, last[:, None], (-mean * scale)[:, None]) * tm
+
+
+def group_return_affine(R: torch.Tensor, groups: torch.Tensor, method: str,
+                        eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
+    """RAGEN's per-group normalisation of episode returns as ``(R - mean) * scale``; returns mean, scale ``[B]``.
+
+    ``mean_std``: mean and sample std (n - 1, as ``torch.std``) of the group; scale = 1 / (std + 1e-6), and 0
+    (the episode's normalised return is 0) when std <= 1e-6 or the group has one episode (RAGEN's rule: a
+    group without spread carries no signal). ``mean``: scale 1. As in RAGEN, when every group has one
+    episode (G = 1 with ``grouping=state``) nothing is normalised: mean 0, scale 1.
+    """
+    if method not in ("mean_std", "mean"):
+        raise ValueError(f"agent_proxy.reward_normalization.method must be identity, mean_std or mean, got {method!r}")
+    R = R.double()
     _, inv = groups.unique(return_inverse=True)
     G = int(inv.max()) + 1
-    cnt = torch.zeros(G).scatter_add(0, inv, torch.ones_like(R))
-    mean = torch.zeros(G).scatter_add(0, inv, R) / cnt
-    scale = torch.ones_like(R)
-    if method == "mean_std":
-        var = torch.zeros(G).scatter_add(0, inv, (R - mean[inv]) ** 2) / cnt
-        scale = 1.0 / (var.sqrt()[inv] + 1e-6)
-    tr = tr * scale[:, None]
-    return tr.scatter_add(1, last[:, None], (-mean[inv] * scale)[:, None]) * tm
+    cnt = torch.zeros(G, dtype=R.dtype).scatter_add(0, inv, torch.ones_like(R))
+    if bool((cnt <= 1).all()):
+        return torch.zeros_like(R).float(), torch.ones_like(R).float()
+    mean = (torch.zeros(G, dtype=R.dtype).scatter_add(0, inv, R) / cnt)[inv]
+    if method == "mean":
+        return mean.float(), torch.ones_like(R).float()
+    var = torch.zeros(G, dtype=R.dtype).scatter_add(0, inv, (R - mean) ** 2) / (cnt - 1).clamp(min=1)
+    std = var.sqrt()[inv]
+    flat = (std <= eps) | (cnt[inv] <= 1)
+    scale = torch.where(flat, torch.zeros_like(std), 1.0 / (std + eps))
+    return mean.float(), scale.float()
 
 
 def compute_advantages(batch: Trajectory, cfg: Any) -> None:
