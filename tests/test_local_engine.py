@@ -13,7 +13,8 @@ from ragen_turn.engines.local.trainer import StarPOTrainer, TurnPPOTrainer, buil
 
 from helpers import TEST_DEVICE, micro_config
 
-ALGOS = ["grpo", "token_ppo", "bi_level_gae", "s_ppo", "turn_ppo", "turn_ppo_geo", "turn_is", "st_ppo"]
+ALGOS = ["grpo", "token_ppo", "bi_level_gae", "s_ppo", "turn_ppo", "turn_ppo_geo", "turn_is", "st_ppo", "so_ppo",
+         "so_grpo"]
 
 
 def _quiet(*a, **k):
@@ -102,6 +103,79 @@ def test_turn_ppo_one_turn_takes_the_sequence_level_update(tmp_path):
     assert loss.item() == pytest.approx(seq_loss.item(), rel=1e-5, abs=1e-7)
     for g1, g2 in zip(grads, seq_grads):
         assert torch.allclose(g1, g2, atol=1e-6)
+
+
+def uneven_policy(tok):
+    """Per episode: the whole solution in one turn (a one-turn episode), junk, or rambling of a length that
+    grows with the episode's index (turn limit): uneven turn counts and turn lengths."""
+    from ragen_turn.rollout import TextPolicy
+
+    index = {}
+
+    def respond(slot):
+        i = index.setdefault(id(slot), len(index))
+        if i % 3 == 0:
+            return "<answer>" + " || ".join(slot.env.ACTION_LOOKUP[a] for a in slot.env.solve()[:5]) + "</answer>"
+        return "no idea" if i % 3 == 1 else "hmm " * (1 + i)
+
+    return TextPolicy(tok, respond)
+
+
+def _mini_batch_grads(tr, model, loss_of, stats_of, batch, micro):
+    with open_dict(tr.cfg):
+        tr.cfg.micro_batch_size_per_gpu = micro
+    model.train()
+    model.zero_grad(set_to_none=True)
+    metrics = tr._accumulate(batch, loss_of, stats_of)
+    return metrics, [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_micro_batch_size_does_not_change_the_update(algo, tmp_path):
+    """One mini-batch of 8 episodes with uneven turn counts and lengths: micro-batches of 8 (= mini) and of 2
+    (= mini/4) give the same losses and the same accumulated gradients, actor (policy loss + entropy + KL, the
+    correction's statistic included) and critic."""
+    cfg = micro_config([f"algo={algo}", "es_manager.train.env_groups=4", "es_manager.train.group_size=2",
+                        "agent_proxy.max_turn=3", "ppo_mini_batch_size=8", "micro_batch_size_per_gpu=8",
+                        "actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.entropy_coeff=0.01",
+                        "actor_rollout_ref.rollout.response_length=12",
+                        # so_*: a threshold the mini-batch statistic passes here, so it does scale the loss
+                        *(["actor_rollout_ref.actor.policy_loss.clip_bias_threshold=1.0"] if algo.startswith("so_")
+                          else [])], run_dir=tmp_path)
+    tr = build_trainer(cfg, log=_quiet)
+    tr.sampler = uneven_policy(tr.tokenizer)
+    batch = tr.rollout(0)
+    tr.score(batch)
+    tr.compute_advantages(batch)
+    turns, tokens = batch.turn_mask.sum(dim=1), batch.response_mask.sum(dim=1)
+    assert len(set(turns.tolist())) > 1 and len(set(tokens.tolist())) > 2  # uneven rows
+    torch.manual_seed(1)
+    with torch.no_grad():  # ratios away from 1: clipping, dual clip and the correction are active
+        for p in tr.actor.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    a = cfg.actor_rollout_ref.actor
+    stats_of = tr.clip_stats if algos_needs_stats(a.policy_loss.loss_mode, tr.loss_cfg) else None
+    runs = [(tr.actor, tr.actor_loss, stats_of, ("actor/pg_loss", "actor/entropy", "actor/kl_loss"))]
+    if tr.critic is not None:
+        runs.append((tr.critic, tr.critic_step_loss, None, ("critic/value_loss",)))
+    actor_metrics = None
+    for model, loss_of, stats, keys in runs:
+        m_full, g_full = _mini_batch_grads(tr, model, loss_of, stats, batch, 8)
+        actor_metrics = actor_metrics or m_full
+        m_micro, g_micro = _mini_batch_grads(tr, model, loss_of, stats, batch, 2)
+        for k in keys:
+            assert m_micro[k] == pytest.approx(m_full[k], rel=1e-5, abs=1e-7), (algo, k)
+        for g1, g2 in zip(g_full, g_micro):
+            assert torch.allclose(g1, g2, rtol=1e-4, atol=1e-7), algo
+        assert any(g.abs().sum() > 0 for g in g_full)
+    if stats_of is not None:
+        assert actor_metrics["actor/clip_bias_scale"] < 1.0, actor_metrics  # the mini-batch statistic scaled the loss
+
+
+def algos_needs_stats(name, loss_cfg):
+    from ragen_turn.algos import needs_minibatch_stats
+
+    return needs_minibatch_stats(name, loss_cfg)
 
 
 # CPU runs repeat to the last bits; CUDA kernels (atomics, split reductions) differ in the last bits between runs
@@ -203,8 +277,8 @@ def test_nonfinite_updates_are_skipped_then_stop(tmp_path):
     tr = build_trainer(cfg, log=_quiet)
     real = tr.actor_loss
 
-    def nan_loss(mb):
-        loss, m = real(mb)
+    def nan_loss(mb, counts=None):
+        loss, m = real(mb, counts)
         return loss * float("nan"), m
 
     tr.actor_loss = nan_loss

@@ -29,9 +29,13 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from ragen_turn.algos import (
+    SUMMED_METRICS,
+    GlobalCounts,
     get_policy_loss_fn,
     kl_penalty,
     masked_mean,
+    minibatch_clip_stats,
+    needs_minibatch_stats,
     turn_start_values,
     value_loss,
     values_before_tokens,
@@ -127,7 +131,8 @@ class StarPOTrainer:
                                     prefix_cache=r.prefix_cache)
         self.loss_fn = get_policy_loss_fn(a.policy_loss.loss_mode)
         self.loss_cfg = OmegaConf.to_container(a.policy_loss, resolve=True)
-        self.loss_cfg.update(clip_ratio_low=a.clip_ratio_low, clip_ratio_high=a.clip_ratio_high)
+        self.loss_cfg.update(clip_ratio_low=a.clip_ratio_low, clip_ratio_high=a.clip_ratio_high,
+                             clip_ratio_c=a.clip_ratio_c)
         self.step = 0
         self.nonfinite_in_a_row = 0
         self.metrics_path = self.out_dir / "metrics.jsonl"
@@ -193,10 +198,12 @@ class StarPOTrainer:
         compute_advantages(batch, self.cfg)
 
     # -------------------------------------------------------------------------------- critic
-    def critic_loss(self, mb: Trajectory, values: torch.Tensor):
-        """Hook: the critic's loss on a micro-batch from fresh ``values`` ``[b, T]`` (token layout)."""
+    def critic_loss(self, mb: Trajectory, values: torch.Tensor, counts: Optional[GlobalCounts] = None):
+        """Hook: the critic's loss on a micro-batch from fresh ``values`` ``[b, T]`` (token layout), its share
+        of the mean over the mini-batch's response tokens (``counts``)."""
         return value_loss(values, mb.values.to(values.device), mb.returns.to(values.device),
-                          mb.response_mask.to(values.device), self.cfg.critic.cliprange_value)
+                          mb.response_mask.to(values.device), self.cfg.critic.cliprange_value,
+                          normaliser=counts.tokens if counts else None)
 
     # -------------------------------------------------------------------------------- update
     def _minibatches(self, n: int, epoch: int) -> List[torch.Tensor]:
@@ -215,74 +222,109 @@ class StarPOTrainer:
         optim.zero_grad(set_to_none=True)
         return float(gn)
 
-    def _run_updates(self, batch: Trajectory, model, optim, loss_of, epochs: int, grad_clip: float, prefix: str):
-        """PPO epochs x mini-batches x micro-batches with gradient accumulation. Returns mean metrics."""
+    def _run_updates(self, batch: Trajectory, model, optim, loss_of, epochs: int, grad_clip: float, prefix: str,
+                     stats_of=None):
+        """PPO epochs x mini-batches, each accumulated over its micro-batches (:meth:`_accumulate`), then clipped
+        and stepped. Returns the mean over mini-batches of each mini-batch's metrics."""
         model.train()
         acc: Dict[str, List[float]] = {}
         skipped = 0
         for epoch in range(epochs):
             for mini in self._minibatches(batch.batch_size, epoch):
                 optim.zero_grad(set_to_none=True)
-                mb_size = len(mini)
-                ok = True
-                for i in range(0, mb_size, self.cfg.micro_batch_size_per_gpu):
-                    micro = batch.select(mini[i:i + self.cfg.micro_batch_size_per_gpu])
-                    loss, metrics = loss_of(micro)
-                    if not torch.isfinite(loss):
-                        ok = False
-                        break
-                    (loss * (micro.batch_size / mb_size)).backward()
-                    for k, v in metrics.items():
-                        acc.setdefault(k, []).append(v)
-                gn = self._optimizer_step(model, optim, grad_clip) if ok else None
+                metrics = self._accumulate(batch.select(mini), loss_of, stats_of)
+                gn = self._optimizer_step(model, optim, grad_clip) if metrics is not None else None
                 if gn is None:
                     optim.zero_grad(set_to_none=True)
                     skipped += 1
-                else:
-                    acc.setdefault(f"{prefix}/grad_norm", []).append(gn)
+                    continue
+                for k, v in metrics.items():
+                    acc.setdefault(k, []).append(v)
+                acc.setdefault(f"{prefix}/grad_norm", []).append(gn)
         out = {k: float(np.nanmean(v)) for k, v in acc.items()}
         out[f"{prefix}/skipped_updates"] = float(skipped)
         return out, skipped
 
-    def actor_loss(self, mb: Trajectory):
-        dev = self.device
-        ids, am, pos = mb.input_ids.to(dev), mb.attention_mask.to(dev), mb.position_ids.to(dev)
-        logp, ent = self.logprobs(self.actor, ids, am, pos, mb.response_mask.to(dev), return_entropy=True)
-        return self.policy_loss(mb, logp, ent)
+    def _accumulate(self, mini: Trajectory, loss_of, stats_of=None) -> Optional[Dict[str, float]]:
+        """Forward and backward one mini-batch in micro-batches of ``micro_batch_size_per_gpu``; the gradients
+        add up in ``.grad``.
 
-    def joint_loss(self, mb: Trajectory):
+        Every micro-batch loss divides by the mini-batch's counts (:class:`GlobalCounts`), so the micro-batch
+        losses add up to the mini-batch's loss and the accumulated gradient is the mini-batch's, for any
+        micro-batch size. ``stats_of(micro, counts)`` (a no-grad pre-pass, when the loss takes a statistic over
+        the whole mini-batch) gives each micro-batch's part of it, summed before any backward.
+
+        Returns the mini-batch's metrics (``SUMMED_METRICS`` added up over its micro-batches, the others their
+        mean), or None when a loss is not finite.
+        """
+        counts = GlobalCounts.of(mini.response_mask, mini.turn_ids)
+        micros = [mini.select(idx) for idx in self._micro_batches(mini.batch_size)]
+        if stats_of is not None:
+            with torch.no_grad():
+                counts = counts.with_clip_stats(sum(stats_of(m, counts) for m in micros))
+        acc: Dict[str, List[float]] = {}
+        for micro in micros:
+            loss, metrics = loss_of(micro, counts)
+            if not torch.isfinite(loss):
+                return None
+            loss.backward()
+            for k, v in metrics.items():
+                acc.setdefault(k, []).append(v)
+        return {k: float(np.sum(v)) if k in SUMMED_METRICS else float(np.nanmean(v)) for k, v in acc.items()}
+
+    def _fresh_logprobs(self, mb: Trajectory, **kw):
+        dev = self.device
+        return self.logprobs(self.actor, mb.input_ids.to(dev), mb.attention_mask.to(dev), mb.position_ids.to(dev),
+                             mb.response_mask.to(dev), **kw)
+
+    def actor_loss(self, mb: Trajectory, counts: Optional[GlobalCounts] = None):
+        logp, ent = self._fresh_logprobs(mb, return_entropy=True)
+        return self.policy_loss(mb, logp, ent, counts)
+
+    def clip_stats(self, mb: Trajectory, counts: GlobalCounts) -> torch.Tensor:
+        """This micro-batch's part of the clipping-bias statistic over the mini-batch (``clip_bias_level=batch``)."""
+        dev = self.device
+        return minibatch_clip_stats(self.cfg.actor_rollout_ref.actor.policy_loss.loss_mode, mb.old_logp.to(dev),
+                                    self._fresh_logprobs(mb), mb.advantages.to(dev), mb.response_mask.to(dev),
+                                    self.loss_cfg, turn_ids=mb.turn_ids.to(dev), global_counts=counts)
+
+    def joint_loss(self, mb: Trajectory, counts: Optional[GlobalCounts] = None):
         """Shared backbone: policy loss + ``critic.vf_coef`` x value loss from one forward of the actor."""
         dev = self.device
         ids, am, pos = mb.input_ids.to(dev), mb.attention_mask.to(dev), mb.position_ids.to(dev)
         logp, ent, hidden = logprobs_and_hidden(self.actor, ids, am, pos,
                                                 temperature=self.cfg.actor_rollout_ref.rollout.temperature or 1.0,
                                                 token_mask=mb.response_mask.to(dev))
-        loss, metrics = self.policy_loss(mb, logp, ent)
-        v_loss, v_metrics = self.critic_loss(mb, values_before_tokens(self.critic.values_from_hidden(hidden)))
+        loss, metrics = self.policy_loss(mb, logp, ent, counts)
+        v_loss, v_metrics = self.critic_loss(mb, values_before_tokens(self.critic.values_from_hidden(hidden)), counts)
         metrics.update(v_metrics)
         return loss + self.cfg.critic.vf_coef * v_loss, metrics
 
-    def policy_loss(self, mb: Trajectory, logp: torch.Tensor, ent: torch.Tensor):
-        """The configured policy loss (+ entropy bonus, + KL to the reference) from fresh ``logp``/``ent`` [b, T]."""
+    def policy_loss(self, mb: Trajectory, logp: torch.Tensor, ent: torch.Tensor,
+                    counts: Optional[GlobalCounts] = None):
+        """The configured policy loss (+ entropy bonus, + KL to the reference) from fresh ``logp``/``ent`` [b, T]:
+        with the mini-batch's ``counts``, every term is this micro-batch's share of the mini-batch's mean."""
         a = self.cfg.actor_rollout_ref.actor
         dev = self.device
         mask = mb.response_mask.to(dev)
         loss, metrics = self.loss_fn(old_log_prob=mb.old_logp.to(dev), log_prob=logp, advantages=mb.advantages.to(dev),
-                                     response_mask=mask, config=self.loss_cfg, turn_ids=mb.turn_ids.to(dev))
-        entropy = masked_mean(ent, mask)
+                                     response_mask=mask, config=self.loss_cfg, turn_ids=mb.turn_ids.to(dev),
+                                     global_counts=counts)
+        n_tokens = counts.tokens if counts else None
+        entropy = masked_mean(ent, mask, n_tokens)
         metrics["actor/entropy"] = float(entropy.detach())
         if a.entropy_coeff:
             loss = loss - a.entropy_coeff * entropy
         if self.ref is not None:
-            kl = masked_mean(kl_penalty(logp, mb.ref_logp.to(dev), a.kl_loss_type), mask)
+            kl = masked_mean(kl_penalty(logp, mb.ref_logp.to(dev), a.kl_loss_type), mask, n_tokens)
             metrics["actor/kl_loss"] = float(kl.detach())
             loss = loss + a.kl_loss_coef * kl
         return loss, metrics
 
-    def critic_step_loss(self, mb: Trajectory):
+    def critic_step_loss(self, mb: Trajectory, counts: Optional[GlobalCounts] = None):
         dev = self.device
         values = self.critic_values(mb.input_ids.to(dev), mb.attention_mask.to(dev), mb.position_ids.to(dev))
-        return self.critic_loss(mb, values.float())
+        return self.critic_loss(mb, values.float(), counts)
 
     def update(self, batch: Trajectory) -> Dict[str, float]:
         metrics: Dict[str, float] = {}
@@ -295,9 +337,10 @@ class StarPOTrainer:
         model, loss_of = self.actor, self.actor_loss
         if self.shared_critic:  # one optimizer step on actor + value head (clipped together)
             model, loss_of = torch.nn.ModuleList([self.actor, self.critic.value_head]), self.joint_loss
-        m, s = self._run_updates(batch, model, self.actor_optim, loss_of,
-                                 self.cfg.actor_rollout_ref.actor.ppo_epochs,
-                                 self.cfg.actor_rollout_ref.actor.grad_clip, "actor")
+        a = self.cfg.actor_rollout_ref.actor
+        stats_of = self.clip_stats if needs_minibatch_stats(a.policy_loss.loss_mode, self.loss_cfg) else None
+        m, s = self._run_updates(batch, model, self.actor_optim, loss_of, a.ppo_epochs, a.grad_clip, "actor",
+                                 stats_of)
         metrics.update(m)
         skipped += s
         self.actor.eval()
@@ -465,12 +508,13 @@ class TurnPPOTrainer(StarPOTrainer):
         super().compute_advantages(batch)
         turn_critic_targets(batch)
 
-    def critic_loss(self, mb: Trajectory, values: torch.Tensor):
-        """The value loss on V(s_h) ``[b, H]`` read from fresh token-layout ``values`` ``[b, T]``."""
+    def critic_loss(self, mb: Trajectory, values: torch.Tensor, counts: Optional[GlobalCounts] = None):
+        """The value loss on V(s_h) ``[b, H]`` read from fresh token-layout ``values`` ``[b, T]``, its share of the
+        mean over the mini-batch's turns (``counts``)."""
         dev = values.device
         v = turn_start_values(values, mb.turn_ids.to(dev), mb.turn_mask.shape[1])
         return value_loss(v, mb.turn_values.to(dev), mb.turn_returns.to(dev), mb.turn_mask.to(dev),
-                          self.cfg.critic.cliprange_value)
+                          self.cfg.critic.cliprange_value, normaliser=counts.turns if counts else None)
 
 
 TRAINERS = {"starpo": StarPOTrainer, "turn": TurnPPOTrainer}
