@@ -33,6 +33,29 @@ def model_config(cfg: DictConfig) -> Dict[str, Any]:
     return m
 
 
+ACTOR_LOSS_KEYS = ("clip_ratio_low", "clip_ratio_high", "clip_ratio_c")  # loss keys that live on the actor, as in verl
+
+
+def policy_loss_config(cfg: DictConfig) -> Dict[str, Any]:
+    """The policy loss's config (``ragen_turn.algos.loss_settings`` reads it): ``actor_rollout_ref.actor.policy_loss``
+    plus the clip ratios, which sit on the actor as in verl."""
+    a = cfg.actor_rollout_ref.actor
+    out = OmegaConf.to_container(a.policy_loss, resolve=True)
+    out.update({k: a.get(k) for k in ACTOR_LOSS_KEYS if a.get(k) is not None})
+    return out
+
+
+def _check_policy_loss(cfg: DictConfig) -> None:
+    from ragen_turn.algos import loss_settings
+
+    try:
+        loss_settings(policy_loss_config(cfg))
+    except ValueError as e:  # its message starts with the key's name: give the key's full path
+        key = str(e).split()[0]
+        where = "actor_rollout_ref.actor." + ("" if key in ACTOR_LOSS_KEYS else "policy_loss.")
+        raise ValueError(where + str(e)) from None
+
+
 def validate_config(cfg: DictConfig) -> None:
     """Check a composed config before any work; raise ``ValueError`` naming the bad key.
 
@@ -69,6 +92,13 @@ def validate_config(cfg: DictConfig) -> None:
         raise ValueError(f"algo.trainer={trainer} with algorithm.adv_estimator={adv}: the turn trainer is the turn "
                          "critic + turn GAE (adv_estimator=turn_gae); every other estimator runs on "
                          "algo.trainer=starpo")
+    _check_policy_loss(cfg)
+    boot = cfg.algorithm.get("bootstrap_truncated", False)
+    if not isinstance(boot, bool):
+        raise ValueError(f"algorithm.bootstrap_truncated must be true or false, got {boot!r}")
+    if boot and adv not in ("token_gae", "turn_gae"):
+        raise ValueError(f"algorithm.bootstrap_truncated=true needs a critic's GAE (adv_estimator token_gae or "
+                         f"turn_gae), got algorithm.adv_estimator={adv}")
     if cfg.critic.shared_backbone and level != "none" and \
             cfg.critic.ppo_epochs != cfg.actor_rollout_ref.actor.ppo_epochs:
         raise ValueError(f"critic.shared_backbone=true trains the critic inside the actor's update: critic.ppo_epochs="

@@ -172,6 +172,48 @@ def test_micro_batch_size_does_not_change_the_update(algo, tmp_path):
         assert actor_metrics["actor/clip_bias_scale"] < 1.0, actor_metrics  # the mini-batch statistic scaled the loss
 
 
+@pytest.mark.parametrize("algo", ["turn_ppo", "token_ppo"])
+def test_bootstrap_truncated_reads_the_value_after_the_last_token(algo, tmp_path):
+    """Episodes cut by the turn limit bootstrap from the critic's value after their last token; finished ones
+    (the solver's one-turn episodes) do not; the advantages are the GAE with those last values."""
+    from ragen_turn.algos import get_adv_estimator_fn
+    from ragen_turn.engines.common import normalized_turn_rewards
+
+    runs = {}
+    for boot in (False, True):
+        cfg = micro_config([f"algo={algo}", "es_manager.train.env_groups=3", "ppo_mini_batch_size=6",
+                            f"algorithm.bootstrap_truncated={str(boot).lower()}"], run_dir=tmp_path / str(boot))
+        tr = build_trainer(cfg, log=_quiet)
+        tr.sampler = uneven_policy(tr.tokenizer)
+        torch.manual_seed(0)
+        with torch.no_grad():  # a value head that says something (it starts at 0)
+            for p in tr.critic.value_head.parameters():
+                p.add_(torch.randn_like(p))
+        batch = tr.rollout(0)
+        tr.score(batch)
+        tr.compute_advantages(batch)
+        runs[boot] = (tr, batch)
+    tr, batch = runs[True]
+    truncated = torch.tensor([e.truncated for e in batch.episodes])
+    finished = torch.tensor([e.success for e in batch.episodes])
+    assert truncated.any() and finished.any() and not (truncated & finished).any()
+    dev = tr.device
+    after = tr.critic(batch.input_ids.to(dev), batch.attention_mask.to(dev), batch.position_ids.to(dev)).cpu()
+    for b in range(batch.batch_size):
+        expect = after[b, int(batch.attention_mask[b].sum()) - 1].item() if truncated[b] else 0.0
+        assert batch.bootstrap_values[b].item() == pytest.approx(expect, abs=1e-6)
+    adv, _ = get_adv_estimator_fn(cfg.algorithm.adv_estimator)(
+        turn_rewards=normalized_turn_rewards(batch, cfg), turn_mask=batch.turn_mask, turn_ids=batch.turn_ids,
+        response_mask=batch.response_mask, group_ids=batch.group_ids, values=batch.values, config=cfg.algorithm,
+        bootstrap_values=batch.bootstrap_values)
+    assert torch.allclose(batch.advantages, adv)
+    off = runs[False][1]
+    assert off.bootstrap_values is None
+    assert not torch.allclose(off.returns, batch.returns)  # the bootstrap changed the targets of truncated rows
+    rows_equal = [torch.allclose(off.returns[b], batch.returns[b]) for b in range(batch.batch_size)]
+    assert all(eq for eq, t in zip(rows_equal, truncated.tolist()) if not t)  # finished rows keep their returns
+
+
 def algos_needs_stats(name, loss_cfg):
     from ragen_turn.algos import needs_minibatch_stats
 
@@ -258,6 +300,11 @@ def test_time_budget_ends_the_run_with_an_evaluated_checkpoint(tmp_path):
     (["algorithm.gamma=1.5"], "gamma"),
     (["algo=turn_ppo", "critic.level=token"], "critic.level"),
     (["trainer.time_budget_s=0"], "time_budget_s"),
+    (["actor_rollout_ref.actor.clip_ratio_c=1.0"], "actor_rollout_ref.actor.clip_ratio_c"),
+    (["actor_rollout_ref.actor.policy_loss.clip_bias_stat=max"], "actor_rollout_ref.actor.policy_loss.clip_bias_stat"),
+    (["actor_rollout_ref.actor.policy_loss.clip_bias_threshold=0.5"], "policy_loss.clip_bias_threshold"),
+    (["algo=grpo", "algorithm.bootstrap_truncated=true"], "algorithm.bootstrap_truncated"),
+    (["algorithm.bootstrap_truncated=yes"], "algorithm.bootstrap_truncated"),
 ])
 def test_bad_config_fails_before_work_naming_the_key(override, key, tmp_path):
     cfg = micro_config(override, run_dir=tmp_path)

@@ -379,6 +379,8 @@ def test_config_mapping_errors_name_the_key(model_dir):
         verl_cfg(model_dir, "algo=turn_ppo", "critic.shared_backbone=true")
     with pytest.raises(ValueError, match="time_budget_s"):
         verl_cfg(model_dir, "trainer.time_budget_s=60")
+    with pytest.raises(ValueError, match="bootstrap_truncated"):
+        verl_cfg(model_dir, "algo=turn_ppo", "algorithm.bootstrap_truncated=true")
     with pytest.raises(ValueError, match="clip_bias_level=batch"):  # verl cannot gather the statistic first
         verl_cfg(model_dir, "algo=st_ppo", "actor_rollout_ref.actor.policy_loss.clip_bias_level=batch")
 

@@ -85,7 +85,8 @@ def compute_advantages(batch: Trajectory, cfg: Any) -> None:
     fn = get_adv_estimator_fn(cfg.algorithm.adv_estimator)
     batch.advantages, batch.returns = fn(
         turn_rewards=normalized_turn_rewards(batch, cfg), turn_mask=batch.turn_mask, turn_ids=batch.turn_ids,
-        response_mask=batch.response_mask, group_ids=batch.group_ids, values=batch.values, config=cfg.algorithm)
+        response_mask=batch.response_mask, group_ids=batch.group_ids, values=batch.values, config=cfg.algorithm,
+        bootstrap_values=batch.bootstrap_values)
 
 
 def turn_critic_targets(batch: Trajectory) -> None:

@@ -98,8 +98,8 @@ def _play(slots: Sequence[EnvSlot], policy: Policy, formatter: ChatFormatter, cf
             s.ep.texts.append(text)
             reward, feedback = _step_env(s, text, cfg)
             s.ep.turn_rewards.append(reward)
-            if turn == cfg.max_turn - 1 or s.actions_left <= 0:
-                s.done = True
+            if not s.done and (turn == cfg.max_turn - 1 or s.actions_left <= 0):
+                s.done, s.ep.truncated = True, True  # out of turns or actions before the env ended: truncated
             if not s.done:
                 obs = s.slot.env.render()
                 env_ids = formatter.env_turn(user_message(str(obs), turn + 1, cfg, reward, feedback), resp)

@@ -29,7 +29,7 @@ class Episode:
     num_effective_actions: int = 0  # of those, the ones that changed the env's state
     num_dropped_actions: int = 0    # action names the env does not declare, dropped before the env
     format_errors: int = 0
-    truncated: bool = False
+    truncated: bool = False  # cut (context window, turn limit or action budget) before the env said done
     texts: List[str] = field(default_factory=list)  # the decoded responses, for logs
 
     @property
@@ -58,6 +58,7 @@ class Trajectory:
     old_logp: Optional[torch.Tensor] = None
     ref_logp: Optional[torch.Tensor] = None
     values: Optional[torch.Tensor] = None  # values[:, t] = V of the state just before token t
+    bootstrap_values: Optional[torch.Tensor] = None  # [B] V after the last turn of truncated rows, 0 for finished ones
     advantages: Optional[torch.Tensor] = None
     returns: Optional[torch.Tensor] = None
     # turn layout [B, H] (turn critic)

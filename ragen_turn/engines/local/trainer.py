@@ -40,7 +40,7 @@ from ragen_turn.algos import (
     value_loss,
     values_before_tokens,
 )
-from ragen_turn.config import model_config, validate_config
+from ragen_turn.config import model_config, policy_loss_config, validate_config
 from ragen_turn.engines.common import compute_advantages, kept_rows, turn_critic_targets
 from ragen_turn.engines.runlog import append_metrics, episode_metrics, progress_line, run_header, truncate_metrics
 from ragen_turn.engines.runtime import derived_seed, pick_device, seed_everything
@@ -130,9 +130,7 @@ class StarPOTrainer:
                                     device=self.device, generator=self.gen, micro_batch_size=r.micro_batch_size,
                                     prefix_cache=r.prefix_cache)
         self.loss_fn = get_policy_loss_fn(a.policy_loss.loss_mode)
-        self.loss_cfg = OmegaConf.to_container(a.policy_loss, resolve=True)
-        self.loss_cfg.update(clip_ratio_low=a.clip_ratio_low, clip_ratio_high=a.clip_ratio_high,
-                             clip_ratio_c=a.clip_ratio_c)
+        self.loss_cfg = policy_loss_config(cfg)
         self.step = 0
         self.nonfinite_in_a_row = 0
         self.metrics_path = self.out_dir / "metrics.jsonl"
@@ -190,8 +188,12 @@ class StarPOTrainer:
             batch.ref_logp = self._forward_all(lambda *a: self.logprobs(self.ref, *a), batch)
         if self.critic is not None:
             self.critic.eval()
-            batch.values = self._forward_all(lambda ids, am, pos, _: self.critic_values(ids, am, pos), batch) \
-                * batch.response_mask
+            after = self._forward_all(lambda ids, am, pos, _: self.critic(ids, am, pos), batch)  # V after token t
+            batch.values = values_before_tokens(after) * batch.response_mask
+            if self.cfg.algorithm.bootstrap_truncated:  # V after the row's last token, for rows that were cut
+                last = (batch.attention_mask.sum(dim=1) - 1).clamp(min=0)
+                truncated = torch.tensor([float(e.truncated) for e in batch.episodes])
+                batch.bootstrap_values = after.gather(1, last[:, None]).squeeze(1) * truncated
 
     def compute_advantages(self, batch: Trajectory) -> None:
         """Advantages and returns ``[B, T]`` of ``algorithm.adv_estimator`` (the registry's, as on verl)."""

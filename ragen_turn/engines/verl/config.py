@@ -97,6 +97,9 @@ def to_verl_config(cfg: DictConfig, model_path: Optional[str] = None) -> DictCon
         print("[ragen_turn] engine=verl: model.warmstart is not run on verl (start from a trained checkpoint)")
     if cfg.critic.level != "none" and cfg.critic.get("shared_backbone", False):
         raise ValueError("critic.shared_backbone=true runs on engine=local only: verl trains a separate critic model")
+    if cfg.algorithm.get("bootstrap_truncated", False):
+        raise ValueError("algorithm.bootstrap_truncated=true runs on engine=local only: verl's critic returns the values "
+                         "before each response token and drops the one after the last token, which the bootstrap reads")
     if cfg.trainer.get("time_budget_s") is not None:
         raise ValueError("trainer.time_budget_s runs on engine=local only: on verl, set trainer.total_training_steps")
     v = cfg.engine.verl
