@@ -214,6 +214,31 @@ def test_bootstrap_truncated_reads_the_value_after_the_last_token(algo, tmp_path
     assert all(eq for eq, t in zip(rows_equal, truncated.tolist()) if not t)  # finished rows keep their returns
 
 
+@pytest.mark.parametrize("algo", ["turn_ppo", "so_ppo"])
+def test_runs_differing_only_in_micro_batch_size_write_the_same_checkpoint(algo, tmp_path):
+    """One training step with micro-batches of 4 (= the mini-batch) and of 1: the same first checkpoint."""
+    from safetensors.torch import load_file
+
+    ckpts = {}
+    for micro in (4, 1):
+        cfg = micro_config([f"algo={algo}", "ppo_mini_batch_size=4", f"micro_batch_size_per_gpu={micro}",
+                            "agent_proxy.max_turn=3", "trainer.total_training_steps=1",
+                            "actor_rollout_ref.actor.optim.lr=1e-3", "critic.optim.lr=1e-3"],
+                           run_dir=tmp_path / str(micro))
+        tr = build_trainer(cfg, log=_quiet)
+        tr.sampler = uneven_policy(tr.tokenizer)
+        tr.fit()
+        step = tmp_path / str(micro) / "checkpoints" / "step_000001"
+        ckpts[micro] = {part: load_file(next((step / part).glob("*.safetensors"))) for part in ("actor", "critic")}
+    for part in ("actor", "critic"):
+        a, b = ckpts[4][part], ckpts[1][part]
+        assert a.keys() == b.keys()
+        for k in a:
+            # AdamW's first step moves each weight by about lr x sign(g): where g is ~0 its float noise can flip the
+            # sign, so the tolerance is a small fraction of lr (a wrong micro-batch weighting moves weights by ~lr)
+            assert torch.allclose(a[k], b[k], rtol=0, atol=0.05 * 1e-3), (part, k, float((a[k] - b[k]).abs().max()))
+
+
 def algos_needs_stats(name, loss_cfg):
     from ragen_turn.algos import needs_minibatch_stats
 
