@@ -37,7 +37,9 @@ from ragen_turn.algos import (
     values_before_tokens,
 )
 from ragen_turn.config import model_config, validate_config
+from ragen_turn.engines import checkpoints as ckpt
 from ragen_turn.engines.common import compute_advantages, kept_rows, turn_critic_targets
+from ragen_turn.engines.rundir import DiskFull, atomic_write_text, check_run_dir, crash_point, writing
 from ragen_turn.engines.runlog import append_metrics, episode_metrics, progress_line, run_header, truncate_metrics
 from ragen_turn.engines.runtime import derived_seed, pick_device, seed_everything
 from ragen_turn.models import CriticModel, load_model_and_tokenizer, logprobs_and_hidden, sequence_logprobs
@@ -45,6 +47,10 @@ from ragen_turn.rollout import ChatFormatter, EnvGroupManager, Trajectory, conte
 
 from .collapse import collapse_due, collapse_metrics
 from .sampler import LocalSampler
+
+
+class TrainingStopped(RuntimeError):
+    """A guard stopped the run (non-finite updates in a row); the message names the checkpoint to go back to."""
 
 
 @torch.no_grad()
@@ -75,14 +81,12 @@ class StarPOTrainer:
         self.dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[cfg.dtype]
         seed_everything(cfg.seed)
         self.out_dir = Path(cfg.trainer.default_local_dir)
-        existing = self.out_dir / "metrics.jsonl"
-        if not cfg.trainer.resume and not cfg.trainer.get("overwrite", False) and existing.is_file() \
-                and existing.stat().st_size > 0:
-            raise FileExistsError(f"{self.out_dir} already holds a run ({existing}): trainer.resume=true continues "
-                                  "it, trainer.overwrite=true starts it over, or set another trainer.experiment_name "
-                                  "/ trainer.default_local_dir")
-        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.lock = check_run_dir(cfg, log=log)  # writable, ours alone, no earlier run unless resume/overwrite
         self.ckpt_dir = self.out_dir / "checkpoints"
+        ckpt.clean(self.ckpt_dir, log=log)  # what a run killed while writing or deleting a checkpoint left
+        if not cfg.trainer.resume and ckpt.step_dirs(self.ckpt_dir):
+            shutil.rmtree(self.ckpt_dir)
+            log(f"[ragen_turn] removed the checkpoints of the earlier run in {self.ckpt_dir} (a fresh start)")
 
         self.actor, self.tokenizer = load_model_and_tokenizer(model_config(cfg), device="cpu", dtype=cfg.dtype)
         self.tokenizer.padding_side = "left"
@@ -130,12 +134,13 @@ class StarPOTrainer:
         self.loss_cfg.update(clip_ratio_low=a.clip_ratio_low, clip_ratio_high=a.clip_ratio_high)
         self.step = 0
         self.nonfinite_in_a_row = 0
+        self.unconfirmed: Optional[Path] = None  # the last checkpoint, until the step after it updates soundly
         self.metrics_path = self.out_dir / "metrics.jsonl"
         self.wandb = None
         if cfg.trainer.resume:
             self.load_checkpoint()
-        truncate_metrics(self.metrics_path, self.step)  # a fresh run starts a fresh log; a resumed one keeps <= step
-        (self.out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+        truncate_metrics(self.metrics_path, self.step, log=log)  # fresh run: fresh log; resumed: lines <= step
+        atomic_write_text(self.out_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
 
     # -------------------------------------------------------------------------------- rollout
     def rollout(self, step: int) -> Trajectory:
@@ -303,11 +308,11 @@ class StarPOTrainer:
         self.actor.eval()
         if skipped:
             self.nonfinite_in_a_row += 1
-            self.log(f"[warn] step {self.step}: {skipped} update(s) skipped: non-finite loss or gradient")
+            self.log(f"[warn] step {self.step + 1}: {skipped} update(s) skipped: non-finite loss or gradient")
             if self.nonfinite_in_a_row >= self.cfg.trainer.max_nonfinite_steps:
-                raise RuntimeError(f"non-finite loss/gradient in {self.nonfinite_in_a_row} steps in a row "
-                                   f"(trainer.max_nonfinite_steps={self.cfg.trainer.max_nonfinite_steps}); "
-                                   "lower the learning rate or check the rewards")
+                raise TrainingStopped(f"non-finite loss/gradient in {self.nonfinite_in_a_row} steps in a row "
+                                      f"(trainer.max_nonfinite_steps={self.cfg.trainer.max_nonfinite_steps}); "
+                                      f"lower the learning rate or check the rewards. {self.checkpoint_note()}")
         else:
             self.nonfinite_in_a_row = 0
         return metrics
@@ -332,9 +337,11 @@ class StarPOTrainer:
         metrics["adv/mean"], metrics["adv/std"] = float(adv.mean()), float(adv.std()) if adv.numel() > 1 else 0.0
         if not torch.isfinite(adv).all():
             self.nonfinite_in_a_row += 1
-            self.log(f"[warn] step {self.step}: non-finite advantages, update skipped")
+            self.log(f"[warn] step {self.step + 1}: non-finite advantages, update skipped")
             if self.nonfinite_in_a_row >= self.cfg.trainer.max_nonfinite_steps:
-                raise RuntimeError("non-finite advantages in too many steps in a row")
+                raise TrainingStopped(f"non-finite advantages in {self.nonfinite_in_a_row} steps in a row "
+                                      f"(trainer.max_nonfinite_steps={self.cfg.trainer.max_nonfinite_steps}); "
+                                      f"check the rewards. {self.checkpoint_note()}")
         else:
             t1 = time.time()
             metrics.update(self.update(batch))
@@ -353,6 +360,15 @@ class StarPOTrainer:
                                log=throttled(self.log, 20.0))
 
     def fit(self) -> Dict[str, float]:
+        """Train to ``trainer.total_training_steps`` (or the time budget). A full disk stops the run naming the
+        file and the checkpoint to resume from."""
+        try:
+            return self._fit()
+        except DiskFull as e:
+            e.args = (f"{e}; {self.checkpoint_note()}",)
+            raise
+
+    def _fit(self) -> Dict[str, float]:
         cfg = self.cfg.trainer
         total = cfg.total_training_steps
         self.log(run_header(self.cfg, type(self).__name__, self.step, len(self.train_envs), self.out_dir, self.device))
@@ -369,6 +385,9 @@ class StarPOTrainer:
             metrics = self.train_step()
             self.step += 1
             metrics["step"] = self.step
+            if self.unconfirmed is not None and self.nonfinite_in_a_row == 0:  # its weights updated soundly
+                ckpt.confirm(self.ckpt_dir, self.unconfirmed)
+            self.unconfirmed = None
             final = self.step == total
             if budget is not None and not final and time.time() - started >= float(budget):
                 self.log(f"[ragen_turn] trainer.time_budget_s={budget} spent after step {self.step}: "
@@ -405,37 +424,57 @@ class StarPOTrainer:
         self.wandb.log(metrics, step=int(metrics.get("step", self.step)))
 
     # -------------------------------------------------------------------------------- checkpoints
+    def checkpoint_note(self) -> str:
+        """Which checkpoint to go back to, for the line that stops a run."""
+        good, newest = ckpt.last_good(self.ckpt_dir), ckpt.newest_complete(self.ckpt_dir)
+        if good is not None:
+            return (f"The last good checkpoint (the step after it updated soundly) is {good}: resume from it with "
+                    f"trainer.resume=true trainer.resume_from={ckpt.LAST_GOOD}")
+        if newest is not None:
+            return f"The last complete checkpoint is {newest} (resume with trainer.resume=true)"
+        return f"No checkpoint was written in {self.ckpt_dir}"
+
     def save_checkpoint(self) -> Path:
-        final = self.ckpt_dir / f"step_{self.step:06d}"
-        tmp = self.ckpt_dir / f".tmp_step_{self.step:06d}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        self.actor.save_pretrained(tmp / "actor")
-        self.tokenizer.save_pretrained(tmp / "actor")
-        state = {"step": self.step, "nonfinite_in_a_row": self.nonfinite_in_a_row,
-                 "actor_optim": self.actor_optim.state_dict(),
-                 "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}}
-        if self.shared_critic:
-            self.critic.save_value_head(tmp / "critic")
-        elif self.critic is not None:
-            self.critic.save_pretrained(tmp / "critic")
-            state["critic_optim"] = self.critic_optim.state_dict()
-        torch.save(state, tmp / "trainer_state.pt")
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
-        (self.ckpt_dir / "latest").write_text(final.name + "\n")
-        keep = self.cfg.trainer.keep_checkpoints
-        if keep and keep > 0:
-            for old in sorted(self.ckpt_dir.glob("step_*"))[:-keep]:
-                shutil.rmtree(old, ignore_errors=True)
+        """Write ``checkpoints/step_N`` so that a crash at any moment leaves the previous checkpoints loadable:
+        staged in ``.tmp_step_N``, renamed into place, ``latest`` replaced atomically, old ones rotated
+        (``engines/checkpoints.py``)."""
+        tmp = ckpt.begin(self.ckpt_dir, self.step)
+        try:
+            with writing(tmp / "actor"):
+                self.actor.save_pretrained(tmp / "actor")
+                crash_point("actor written")
+                self.tokenizer.save_pretrained(tmp / "actor")
+                crash_point("tokenizer written")
+            state = {"step": self.step, "nonfinite_in_a_row": self.nonfinite_in_a_row,
+                     "actor_optim": self.actor_optim.state_dict(),
+                     "rng": {"python": random.getstate(), "numpy": np.random.get_state(),
+                             "torch": torch.get_rng_state()}}
+            with writing(tmp / "critic"):
+                if self.shared_critic:
+                    self.critic.save_value_head(tmp / "critic")
+                elif self.critic is not None:
+                    self.critic.save_pretrained(tmp / "critic")
+                    state["critic_optim"] = self.critic_optim.state_dict()
+                crash_point("critic written")
+            with writing(tmp / "trainer_state.pt"):
+                torch.save(state, tmp / "trainer_state.pt")
+            crash_point("trainer state written")
+            final = ckpt.commit(tmp, self.step)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)  # a failed write frees its space; the older checkpoints stay
+            raise
+        ckpt.rotate(self.ckpt_dir, self.cfg.trainer.keep_checkpoints)
+        self.unconfirmed = final
         return final
 
     def load_checkpoint(self) -> bool:
-        latest = self.ckpt_dir / "latest"
-        if not latest.exists():
+        """Resume: ``trainer.resume_from`` when set, else the newest complete checkpoint (``latest`` is read first;
+        a missing, empty or stale one is said and passed over). Checkpoints after the loaded step are removed."""
+        name = self.cfg.trainer.get("resume_from")
+        path = ckpt.find(self.ckpt_dir, name) if name else ckpt.resume_point(self.ckpt_dir, log=self.log)
+        if path is None:
             self.log(f"[ragen_turn] trainer.resume=true but no checkpoint in {self.ckpt_dir}: starting fresh")
             return False
-        path = self.ckpt_dir / latest.read_text().strip()
         from transformers import AutoModelForCausalLM
 
         loaded = AutoModelForCausalLM.from_pretrained(path / "actor", dtype=self.dtype, local_files_only=True)
@@ -453,6 +492,8 @@ class StarPOTrainer:
         random.setstate(state["rng"]["python"])
         np.random.set_state(state["rng"]["numpy"])
         torch.set_rng_state(state["rng"]["torch"])
+        ckpt.drop_after(self.ckpt_dir, self.step, log=self.log)
+        self.unconfirmed = path
         self.log(f"[ragen_turn] resumed from {path} at step {self.step}")
         return True
 
