@@ -67,6 +67,10 @@ class DiskFull(RuntimeError):
         super().__init__(f"no space left on device while writing {path}{detail}")
 
 
+class TrainingStopped(RuntimeError):
+    """A guard stopped the run (e.g. non-finite updates in a row); the message names the checkpoint to go back to."""
+
+
 def _free_bytes(path: PathLike) -> Optional[int]:
     p = Path(path)
     while not p.exists() and p != p.parent:

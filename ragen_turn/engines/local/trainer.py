@@ -39,7 +39,14 @@ from ragen_turn.algos import (
 from ragen_turn.config import model_config, validate_config
 from ragen_turn.engines import checkpoints as ckpt
 from ragen_turn.engines.common import compute_advantages, kept_rows, turn_critic_targets
-from ragen_turn.engines.rundir import DiskFull, atomic_write_text, check_run_dir, crash_point, writing
+from ragen_turn.engines.rundir import (
+    DiskFull,
+    TrainingStopped,
+    atomic_write_text,
+    check_run_dir,
+    crash_point,
+    writing,
+)
 from ragen_turn.engines.runlog import append_metrics, episode_metrics, progress_line, run_header, truncate_metrics
 from ragen_turn.engines.runtime import derived_seed, pick_device, seed_everything
 from ragen_turn.models import CriticModel, load_model_and_tokenizer, logprobs_and_hidden, sequence_logprobs
@@ -47,10 +54,6 @@ from ragen_turn.rollout import ChatFormatter, EnvGroupManager, Trajectory, conte
 
 from .collapse import collapse_due, collapse_metrics
 from .sampler import LocalSampler
-
-
-class TrainingStopped(RuntimeError):
-    """A guard stopped the run (non-finite updates in a row); the message names the checkpoint to go back to."""
 
 
 @torch.no_grad()
