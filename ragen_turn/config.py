@@ -72,6 +72,9 @@ def _algorithm_pieces(cfg: DictConfig) -> List[str]:
         out.append(f"critic.ppo_epochs={cfg.critic.ppo_epochs}: critic.shared_backbone=true trains the critic inside "
                    f"the actor's update, so it must equal actor_rollout_ref.actor.ppo_epochs="
                    f"{cfg.actor_rollout_ref.actor.ppo_epochs}")
+    if cfg.trainer.resume_from is not None and cfg.engine.name != "local":
+        out.append(f"trainer.resume_from={cfg.trainer.resume_from}: engine=local only (verl resumes from its own "
+                   "checkpoints)")
     if adv == "grpo" and cfg.es_manager.train.group_size < 2:
         out.append(f"es_manager.train.group_size={cfg.es_manager.train.group_size}: grpo needs >= 2 "
                    "(its baseline is the group mean)")
@@ -79,28 +82,18 @@ def _algorithm_pieces(cfg: DictConfig) -> List[str]:
 
 
 def _batches(cfg: DictConfig) -> List[str]:
-    """Both engines: the mini-batch divides the (filtered) rollout batch; verl also splits it over its GPUs."""
+    """Both engines: the mini-batch divides the (filtered) rollout batch (verl's split over its GPUs is checked by
+    ``engines.verl.check_config`` before Ray starts)."""
     kept = kept_batch_size(cfg)
-    mini, micro = cfg.ppo_mini_batch_size, cfg.micro_batch_size_per_gpu
+    mini = cfg.ppo_mini_batch_size
     where = ("the rollout batch after filtering: es_manager.train.env_groups x group_size x "
              "rollout_filter_ratio = " + str(kept))
     if mini > kept:
         return [f"ppo_mini_batch_size={mini}: must be <= {kept} ({where})"]
-    out = []
     if kept % mini:
-        out.append(f"ppo_mini_batch_size={mini}: must divide {kept} ({where}); a smaller last mini-batch "
-                   "would take a full optimizer step")
-    if cfg.engine.name == "verl":
-        gpus = (cfg.trainer.n_gpus_per_node or 1) * (cfg.trainer.nnodes or 1)
-        sp = cfg.engine.verl.ulysses_sequence_parallel_size if cfg.engine.verl is not None else 1
-        dp = max(1, gpus // sp)
-        if mini % dp:
-            out.append(f"ppo_mini_batch_size={mini}: engine=verl splits each mini-batch over {dp} data-parallel "
-                       f"ranks (trainer.n_gpus_per_node x nnodes / ulysses_sequence_parallel_size): must divide")
-        elif (mini // dp) % micro:
-            out.append(f"micro_batch_size_per_gpu={micro}: engine=verl needs it to divide the per-rank mini-batch "
-                       f"ppo_mini_batch_size / {dp} = {mini // dp}")
-    return out
+        return [f"ppo_mini_batch_size={mini}: must divide {kept} ({where}); a smaller last mini-batch would take "
+                "a full optimizer step"]
+    return []
 
 
 def _env_splits(cfg: DictConfig) -> List[str]:

@@ -26,10 +26,19 @@ _state = {"composed": False}
 
 def preflight(cfg: DictConfig) -> None:
     """Check a resolved task config before any work and take its run directory's lock (see the module doc)."""
+    from pathlib import Path
+
     from ragen_turn.config import validate_config
+    from ragen_turn.engines import checkpoints
     from ragen_turn.engines.rundir import check_run_dir
 
     validate_config(cfg)
+    if cfg.engine.name == "verl":  # verl's own rules (install, placement, batch split over GPUs), before Ray
+        from ragen_turn.engines.verl import check_config
+
+        check_config(cfg)
+    if cfg.trainer.resume and cfg.trainer.get("resume_from"):  # the checkpoint named is there and complete
+        checkpoints.find(Path(cfg.trainer.default_local_dir) / "checkpoints", str(cfg.trainer.resume_from))
     check_run_dir(cfg)
 
 
@@ -37,10 +46,13 @@ def task_config(config: DictConfig) -> DictConfig:
     """The job's config from Hydra's (without ``hydra``), resolved as the task function will see it."""
     from hydra.core.hydra_config import HydraConfig
 
+    from ragen_turn.ragen_keys import apply_ragen_keys
+
     HydraConfig.instance().set_config(config)  # ${hydra:...} and resolvers reading it work as in the job
     cfg = copy.deepcopy(config)
     with open_dict(cfg):
         del cfg["hydra"]
+    apply_ragen_keys(cfg)  # as train.run does: before resolving, so the run dir follows RAGEN's seed.train
     OmegaConf.resolve(cfg)
     return cfg
 
@@ -60,6 +72,11 @@ class Preflight(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         _state["composed"] = True  # each job is checked as it starts (its config differs per job)
+
+
+def watch() -> None:
+    """A train command starts: nothing composed yet (see :func:`exit_code`)."""
+    _state["composed"] = False
 
 
 def exit_code(code: Any) -> Any:

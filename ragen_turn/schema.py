@@ -229,6 +229,7 @@ class AlgorithmConfig:
     gamma: float = key(**UNIT)
     lam: float = key(**UNIT)
     high_level_gamma: float = key(**UNIT)
+    bi_level_gae_turn_ends: str = key(choices=("mask", "rewards"))
     norm_adv: bool = key()
     norm_adv_by_std_in_grpo: bool = key()
 
@@ -281,13 +282,15 @@ class TrainerConfig:
     time_budget_s: Optional[float] = key(None, **POSITIVE)
     max_nonfinite_steps: int = key(**COUNT)
     keep_checkpoints: int = key(**NON_NEGATIVE)  # 0 = keep all
+    collapse_freq: int = key(**NON_NEGATIVE)  # 0 = never
+    collapse_num_samples: Optional[int] = key(None, ge=2)  # null = all
     n_gpus_per_node: Optional[int] = key(None, **COUNT)  # engine=verl
     nnodes: Optional[int] = key(None, **COUNT)
 
 
 @dataclass
 class WarmstartConfig:
-    enable: bool = key()
+    enable: Union[bool, str] = key(choices=(True, False, "auto"))
     seed: Optional[int] = key(None, **NON_NEGATIVE)
     episodes: int = key(**COUNT)
     steps: int = key(**NON_NEGATIVE)
@@ -344,6 +347,9 @@ class RunConfig:
     """The root: ``config/base.yaml`` and its groups (model, env, algo, engine, paper, sweep) compose into it."""
 
     seed: int = key(**NON_NEGATIVE)
+    env_module: Any = key(None)  # module name(s) imported before the checks (they register envs)
+    ragen_keys: Dict[str, Any] = key({})  # RAGEN's keys from the command line (ragen_turn/ragen_keys.py maps them)
+    ragen_aliases: Dict[str, str] = key({})  # what they set
     device: str = key(pattern=r"auto|cpu|cuda(:\d+)?")
     dtype: str = key(choices=("float32", "bfloat16"))
     logger: str = key(choices=("console", "wandb"))

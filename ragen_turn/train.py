@@ -13,7 +13,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from ragen_turn import schema
-from ragen_turn.preflight import CONFIG_ERRORS, exit_code
+from ragen_turn.preflight import CONFIG_ERRORS, exit_code, watch
 
 CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "config")
 schema.register()  # config/base.yaml's first default: the typed schema, enforced as Hydra composes
@@ -149,6 +149,7 @@ def cli() -> None:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+    watch()
     try:
         main()
     except SystemExit as e:

@@ -263,10 +263,13 @@ def check_run_dir(cfg, log: Callable[[str], None] = print) -> RunDirLock:
     _probe_writable(run_dir, key)
     held_before = _key(run_dir) in _HELD
     lock = lock_run_dir(run_dir, log=log)
-    if not cfg.trainer.resume and not cfg.trainer.get("overwrite", False) and run_dir_holds_run(run_dir):
+    try:
+        if not cfg.trainer.resume and not cfg.trainer.get("overwrite", False) and run_dir_holds_run(run_dir):
+            raise FileExistsError(f"{run_dir} already holds a run ({run_dir / METRICS_FILE}): trainer.resume=true "
+                                  "continues it, trainer.overwrite=true starts it over, or set another "
+                                  "trainer.experiment_name / trainer.default_local_dir")
+    except BaseException:
         if not held_before:
             lock.release()
-        raise FileExistsError(f"{run_dir} already holds a run ({run_dir / METRICS_FILE}): trainer.resume=true "
-                              "continues it, trainer.overwrite=true starts it over, or set another "
-                              "trainer.experiment_name / trainer.default_local_dir")
+        raise
     return lock
