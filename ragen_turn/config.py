@@ -72,9 +72,11 @@ def _algorithm_pieces(cfg: DictConfig) -> List[str]:
         out.append(f"critic.ppo_epochs={cfg.critic.ppo_epochs}: critic.shared_backbone=true trains the critic inside "
                    f"the actor's update, so it must equal actor_rollout_ref.actor.ppo_epochs="
                    f"{cfg.actor_rollout_ref.actor.ppo_epochs}")
-    if cfg.trainer.resume_from is not None and cfg.engine.name != "local":
-        out.append(f"trainer.resume_from={cfg.trainer.resume_from}: engine=local only (verl resumes from its own "
-                   "checkpoints)")
+    if cfg.engine.name != "local":  # keys that only the local engine reads
+        for name, value in (("trainer.resume_from", cfg.trainer.resume_from),
+                            ("actor_rollout_ref.actor.max_update_kl", cfg.actor_rollout_ref.actor.max_update_kl)):
+            if value is not None:
+                out.append(f"{name}={value}: engine=local only (set it to null for engine={cfg.engine.name})")
     if adv == "grpo" and cfg.es_manager.train.group_size < 2:
         out.append(f"es_manager.train.group_size={cfg.es_manager.train.group_size}: grpo needs >= 2 "
                    "(its baseline is the group mean)")

@@ -196,6 +196,7 @@ class ActorConfig:
     kl_loss_type: str = key(choices=("kl", "abs", "mse", "low_var_kl"))
     ppo_epochs: int = key(**COUNT)
     grad_clip: float = key(**NON_NEGATIVE)  # 0 = no clipping
+    max_update_kl: Optional[float] = key(None, **POSITIVE)  # null = no update-size guard
     optim: ActorOptimConfig = section(ActorOptimConfig)
     policy_loss: PolicyLossConfig = section(PolicyLossConfig)
 

@@ -223,16 +223,23 @@ class StarPOTrainer:
         optim.zero_grad(set_to_none=True)
         return float(gn)
 
-    def _run_updates(self, batch: Trajectory, model, optim, loss_of, epochs: int, grad_clip: float, prefix: str):
-        """PPO epochs x mini-batches x micro-batches with gradient accumulation. Returns mean metrics."""
+    def _run_updates(self, batch: Trajectory, model, optim, loss_of, epochs: int, grad_clip: float, prefix: str,
+                     kl_limit: Optional[float] = None):
+        """PPO epochs x mini-batches x micro-batches with gradient accumulation. Returns mean metrics.
+
+        ``kl_limit`` (the actor's ``max_update_kl``; SB3's ``target_kl``): a mini-batch whose approx KL to the
+        rollout policy, measured before its step, is above it (or not finite) is not stepped, and the update's
+        remaining mini-batches and epochs are dropped (``<prefix>/kl_stop`` = 1)."""
         model.train()
         acc: Dict[str, List[float]] = {}
         skipped = 0
+        stopped = False
         for epoch in range(epochs):
             for mini in self._minibatches(batch.batch_size, epoch):
                 optim.zero_grad(set_to_none=True)
                 mb_size = len(mini)
                 ok = True
+                kls: List[float] = []
                 for i in range(0, mb_size, self.cfg.micro_batch_size_per_gpu):
                     micro = batch.select(mini[i:i + self.cfg.micro_batch_size_per_gpu])
                     loss, metrics = loss_of(micro)
@@ -240,17 +247,34 @@ class StarPOTrainer:
                         ok = False
                         break
                     (loss * (micro.batch_size / mb_size)).backward()
+                    kls.append(metrics.get("actor/approx_kl", 0.0))
                     for k, v in metrics.items():
                         acc.setdefault(k, []).append(v)
+                if ok and kl_limit is not None and not float(np.mean(kls)) <= kl_limit:
+                    optim.zero_grad(set_to_none=True)
+                    stopped = True
+                    break
                 gn = self._optimizer_step(model, optim, grad_clip) if ok else None
                 if gn is None:
                     optim.zero_grad(set_to_none=True)
                     skipped += 1
                 else:
                     acc.setdefault(f"{prefix}/grad_norm", []).append(gn)
+            if stopped:
+                break
         out = {k: float(np.nanmean(v)) for k, v in acc.items()}
         out[f"{prefix}/skipped_updates"] = float(skipped)
+        if kl_limit is not None:
+            out[f"{prefix}/kl_stop"] = float(stopped)
         return out, skipped
+
+    @torch.no_grad()
+    def update_kl(self, batch: Trajectory) -> float:
+        """How far the actor's update moved the policy: approx KL (k3, per response token, capped at 10) between
+        the rollout policy and the updated one over the whole batch (one extra forward)."""
+        self.actor.eval()
+        new = self._forward_all(lambda *a: self.logprobs(self.actor, *a), batch)
+        return float(masked_mean(kl_penalty(batch.old_logp, new, "low_var_kl"), batch.response_mask.float()))
 
     def actor_loss(self, mb: Trajectory):
         dev = self.device
@@ -293,6 +317,10 @@ class StarPOTrainer:
         return self.critic_loss(mb, values.float())
 
     def update(self, batch: Trajectory) -> Dict[str, float]:
+        """Critic, then actor. With ``actor.max_update_kl`` the actor's update is guarded: mini-batches stop once
+        the KL reaches it (:meth:`_run_updates`), and an update whose KL over the batch (:meth:`update_kl`) is
+        still above it is rolled back (weights and optimizer state; ``actor/update_rolled_back`` = 1).
+        A step with a skipped (non-finite) or rolled-back update counts toward ``trainer.max_nonfinite_steps``."""
         metrics: Dict[str, float] = {}
         skipped = 0
         if self.critic is not None and not self.shared_critic:
@@ -303,17 +331,36 @@ class StarPOTrainer:
         model, loss_of = self.actor, self.actor_loss
         if self.shared_critic:  # one optimizer step on actor + value head (clipped together)
             model, loss_of = torch.nn.ModuleList([self.actor, self.critic.value_head]), self.joint_loss
-        m, s = self._run_updates(batch, model, self.actor_optim, loss_of,
-                                 self.cfg.actor_rollout_ref.actor.ppo_epochs,
-                                 self.cfg.actor_rollout_ref.actor.grad_clip, "actor")
+        a = self.cfg.actor_rollout_ref.actor
+        limit = a.get("max_update_kl")
+        before = None
+        if limit is not None:  # what a rollback restores (a copy of the weights and the optimizer's moments)
+            before = ({k: v.detach().clone() for k, v in model.state_dict().items()},
+                      copy.deepcopy(self.actor_optim.state_dict()))
+        m, s = self._run_updates(batch, model, self.actor_optim, loss_of, a.ppo_epochs, a.grad_clip, "actor",
+                                 kl_limit=limit)
         metrics.update(m)
         skipped += s
+        rolled_back = False
+        if limit is not None:
+            kl = metrics["actor/update_kl"] = self.update_kl(batch)
+            if m.get("actor/kl_stop"):
+                self.log(f"[guard] step {self.step + 1}: a mini-batch's approx KL reached actor_rollout_ref.actor."
+                         f"max_update_kl={limit}: the update's remaining mini-batches were dropped")
+            if not kl <= limit:
+                model.load_state_dict(before[0])
+                self.actor_optim.load_state_dict(before[1])
+                rolled_back = True
+                self.log(f"[warn] step {self.step + 1}: the actor's update moved the policy by approx KL {kl:.4g} "
+                         f"> actor_rollout_ref.actor.max_update_kl={limit}: rolled back")
+            metrics["actor/update_rolled_back"] = float(rolled_back)
         self.actor.eval()
         if skipped:
-            self.nonfinite_in_a_row += 1
             self.log(f"[warn] step {self.step + 1}: {skipped} update(s) skipped: non-finite loss or gradient")
+        if skipped or rolled_back:
+            self.nonfinite_in_a_row += 1
             if self.nonfinite_in_a_row >= self.cfg.trainer.max_nonfinite_steps:
-                raise TrainingStopped(f"non-finite loss/gradient in {self.nonfinite_in_a_row} steps in a row "
+                raise TrainingStopped(f"non-finite or rolled-back updates in {self.nonfinite_in_a_row} steps in a row "
                                       f"(trainer.max_nonfinite_steps={self.cfg.trainer.max_nonfinite_steps}); "
                                       f"lower the learning rate or check the rewards. {self.checkpoint_note()}")
         else:
@@ -470,6 +517,18 @@ class StarPOTrainer:
         self.unconfirmed = final
         return final
 
+    def _load_optimizer(self, optim: torch.optim.Optimizer, state: dict, name: str) -> None:
+        """The optimizer's moments from a checkpoint; its hyperparameters (lr, weight decay, betas) stay the
+        config's (``load_state_dict`` alone would bring back the checkpoint's and ignore, e.g., a new lr)."""
+        mine = [{k: g[k] for k in HYPERPARAMS if k in g} for g in optim.param_groups]
+        optim.load_state_dict(state)
+        for i, (g, want) in enumerate(zip(optim.param_groups, mine)):
+            changed = {k: (g[k], v) for k, v in want.items() if g[k] != v}
+            g.update(want)
+            if changed:
+                self.log(f"[ragen_turn] resume: {name} optimizer group {i} takes the config's "
+                         + ", ".join(f"{k} {old} -> {new}" for k, (old, new) in changed.items()))
+
     def load_checkpoint(self) -> bool:
         """Resume: ``trainer.resume_from`` when set, else the newest complete checkpoint (``latest`` is read first;
         a missing, empty or stale one is said and passed over). Checkpoints after the loaded step are removed."""
@@ -483,13 +542,13 @@ class StarPOTrainer:
         loaded = AutoModelForCausalLM.from_pretrained(path / "actor", dtype=self.dtype, local_files_only=True)
         self.actor.load_state_dict(loaded.state_dict())
         state = torch.load(path / "trainer_state.pt", weights_only=False)
-        self.actor_optim.load_state_dict(state["actor_optim"])
+        self._load_optimizer(self.actor_optim, state["actor_optim"], "actor")
         if self.shared_critic:
             self.critic.load_value_head(path / "critic")
         elif self.critic is not None:
             loaded_c = CriticModel.from_pretrained(path / "critic", dtype=self.cfg.dtype)
             self.critic.load_state_dict(loaded_c.state_dict())
-            self.critic_optim.load_state_dict(state["critic_optim"])
+            self._load_optimizer(self.critic_optim, state["critic_optim"], "critic")
         self.step = int(state["step"])
         self.nonfinite_in_a_row = int(state["nonfinite_in_a_row"])
         random.setstate(state["rng"]["python"])
@@ -499,6 +558,9 @@ class StarPOTrainer:
         self.unconfirmed = path
         self.log(f"[ragen_turn] resumed from {path} at step {self.step}")
         return True
+
+
+HYPERPARAMS = ("lr", "weight_decay", "betas")  # an optimizer's settings that come from the config, also on resume
 
 
 class TurnPPOTrainer(StarPOTrainer):
