@@ -10,6 +10,7 @@
 """
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -83,6 +84,10 @@ def train_command(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(local_trainer, "load_model_and_tokenizer", tripwire)
     monkeypatch.setattr(ws, "warmstart", tripwire)
     run_dir = tmp_path / "run"
+    for name in ("", "hydra"):  # Hydra configures logging as it composes: put it back afterwards
+        log = logging.getLogger(name)
+        monkeypatch.setattr(log, "handlers", list(log.handlers))
+        monkeypatch.setattr(log, "level", log.level)
 
     def run(overrides):
         monkeypatch.setattr(sys, "argv", ["ragen_turn.train", "env=sokoban", "algo=turn_ppo",

@@ -483,10 +483,12 @@ def test_resume_of_a_run_with_a_torn_metrics_line(tmp_path):
 
 # ------------------------------------------------------------------------------------------------ env seeds
 @pytest.mark.parametrize("env", ["sokoban", "webshop"])
-def test_env_reset_takes_int_seeds_only(env):
+def test_env_reset_takes_int_seeds_only(env, tmp_path):
     from ragen_turn.envs import make_env
+    from ragen_turn.envs.webshop.search import clear_search_cache
 
-    e = make_env(env)
+    e = make_env(env, {"cache_dir": str(tmp_path)} if env == "webshop" else None)
+    clear_search_cache()  # leave no search engine in this process's cache for other tests
     first = e.reset(seed=3)
     assert e.reset(seed=np.int64(3)) == first and e.reset(seed=np.uint16(3)) == first
     for bad in (1.5, 3.0, True, "3", np.float32(3)):
