@@ -115,7 +115,7 @@ def _env_splits(cfg: DictConfig) -> List[str]:
     for tag, spec in used.items():
         try:
             make_env_config(spec["env_type"], dict(spec.get("env_config") or {}))
-        except (ValueError, TypeError) as e:
+        except (ValueError, TypeError, OSError) as e:
             out.append(f"custom_envs.{tag}.env_config: {e}")
     return out
 

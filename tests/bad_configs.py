@@ -58,6 +58,8 @@ CASES = [
     (["critic.cliprange_value=0"], "critic.cliprange_value"),
     (["+custom_envs.SimpleSokoban.env_config.box_count=2"], "custom_envs.SimpleSokoban.env_config"),
     (["custom_envs.SimpleSokoban.env_config.num_boxes=0"], "custom_envs.SimpleSokoban.env_config"),
+    (["env=webshop", "custom_envs.WebShop.env_config.data_dir=/nonexistent/webshop"],
+     "custom_envs.WebShop.env_config"),
     (["env=sokobann"], "env"),
     (["algo=grpo", "es_manager.train.group_size=1", "ppo_mini_batch_size=16"], "es_manager.train.group_size"),
     (["trainer.resume=true", "trainer.resume_from=step_000009"], "trainer.resume_from"),
