@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 from typing import Any, Dict, Iterable
 
-from .base import BaseDiscreteActionEnv, BaseEnv, BaseLanguageBasedEnv
+from .base import BaseDiscreteActionEnv, BaseEnv, BaseLanguageBasedEnv, check_seed
 
 REGISTERED_ENVS: Dict[str, type] = {}
 REGISTERED_ENV_CONFIGS: Dict[str, type] = {}
@@ -82,19 +82,29 @@ def get_env_class(name: str) -> type:
     return REGISTERED_ENVS[name]
 
 
-def make_env(name: str, env_config: Dict[str, Any] | None = None) -> BaseEnv:
-    """Build env ``name`` from a plain dict of its config dataclass's fields."""
-    cls = get_env_class(name)
+def make_env_config(name: str, env_config: Dict[str, Any] | None = None) -> Any:
+    """Env ``name``'s config dataclass from a plain dict of its fields (unknown keys refused; the dataclass checks
+    its values). Cheap: configs are checked with it before any work."""
+    get_env_class(name)
     cfg_cls = REGISTERED_ENV_CONFIGS[name]
     env_config = dict(env_config or {})
     known = set(getattr(cfg_cls, "__dataclass_fields__", {}))
     unknown = sorted(set(env_config) - known) if known else []
     if unknown:
         raise ValueError(f"unknown key(s) {unknown} in env_config for {name!r}; known: {sorted(known)}")
-    return cls(cfg_cls(**env_config))
+    try:
+        return cfg_cls(**env_config)
+    except TypeError as e:  # a config class that is not a dataclass, or a bad argument
+        raise ValueError(f"env_config for {name!r}: {e}") from None
+
+
+def make_env(name: str, env_config: Dict[str, Any] | None = None) -> BaseEnv:
+    """Build env ``name`` from a plain dict of its config dataclass's fields."""
+    return get_env_class(name)(make_env_config(name, env_config))
 
 
 __all__ = [
     "BaseEnv", "BaseDiscreteActionEnv", "BaseLanguageBasedEnv", "REGISTERED_ENVS",
-    "REGISTERED_ENV_CONFIGS", "register_env", "get_env_class", "make_env", "import_env_modules",
+    "REGISTERED_ENV_CONFIGS", "register_env", "get_env_class", "make_env", "make_env_config", "check_seed",
+    "import_env_modules",
 ]

@@ -10,9 +10,21 @@ the rollout layer only calls ``reset``, ``step``, ``render``, ``close`` and read
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, Dict, List, Tuple
+import numbers
+from typing import Any, Dict, List, Optional, Tuple
 
 StepResult = Tuple[Any, float, bool, Dict[str, Any]]
+
+
+def check_seed(seed: Any, name: str = "seed") -> Optional[int]:
+    """``reset(seed)``'s argument as an int: None, an int or a numpy integer; anything else (a float such as 1.5,
+    a bool, a string) raises ``TypeError`` naming the argument instead of being truncated."""
+    if seed is None:
+        return None
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise TypeError(f"reset({name}={seed!r}): {name} must be an int (or numpy integer) or None, "
+                        f"got {type(seed).__name__}")
+    return int(seed)
 
 
 class BaseEnv(ABC):

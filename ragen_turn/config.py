@@ -1,15 +1,18 @@
 """The run configuration: its checks before any work, and the values derived from it that every engine reads.
 
 :func:`validate_config` is the one entry point both engines (and ``evaluate`` / ``report``) call on a
-composed config before building anything: each bad value raises a ``ValueError`` naming its key.
+composed config before building anything: each bad value raises a ``ValueError`` naming its key. The
+keys, their types and their rules are the schema's (``ragen_turn/schema.py``); the checks here are the
+ones that read several keys.
 """
 from __future__ import annotations
 
-from typing import Any, Dict
+from typing import Any, Dict, List
 
 from omegaconf import DictConfig, OmegaConf
 
-TRAINER_NAMES = ("starpo", "turn")
+from ragen_turn.schema import ConfigError, check_schema
+
 # the critic each advantage estimator reads (none: no critic is built)
 CRITIC_LEVEL_OF = {"grpo": "none", "token_gae": "token", "bi_level_gae": "token", "turn_gae": "turn"}
 
@@ -57,95 +60,116 @@ def _check_policy_loss(cfg: DictConfig) -> None:
 
 
 def validate_config(cfg: DictConfig) -> None:
-    """Check a composed config before any work; raise ``ValueError`` naming the bad key.
+    """Check a composed config before any work; raise ``ValueError`` (a :class:`ConfigError`) naming each bad key,
+    its value and the rule.
 
     First RAGEN's keys are mapped onto ours (:mod:`ragen_turn.ragen_keys`; a key without our meaning stops here)
-    and the ``env_module`` modules are imported, so the envs they register are known when ``custom_envs`` is checked.
-    """
-    import torch
-
-    from ragen_turn.algos import ADV_ESTIMATOR_REGISTRY, POLICY_LOSS_REGISTRY
+    and the ``env_module`` modules are imported, so the envs they register are known when ``custom_envs`` is
+    checked. Then the schema (``ragen_turn/schema.py``: unknown keys, types, each key's range or choices,
+    paths), then what no single key can say: keys that must agree, batch sizes that must divide, each env's
+    ``env_config`` against its config dataclass, the device against this machine."""
     from ragen_turn.envs import import_env_modules
     from ragen_turn.ragen_keys import apply_ragen_keys
-    from ragen_turn.rollout.env_manager import parse_split
 
     apply_ragen_keys(cfg)
     import_env_modules(cfg.get("env_module"))
+    typed = check_schema(cfg)
+    problems = [p for check in CROSS_CHECKS for p in check(typed)]
+    if problems:
+        raise ConfigError(problems)
 
-    adv = cfg.algorithm.adv_estimator
-    if adv not in ADV_ESTIMATOR_REGISTRY:
-        raise ValueError(f"algorithm.adv_estimator={adv!r} is unknown; known: {sorted(ADV_ESTIMATOR_REGISTRY)}")
-    loss = cfg.actor_rollout_ref.actor.policy_loss.loss_mode
-    if loss not in POLICY_LOSS_REGISTRY:
-        raise ValueError(f"actor_rollout_ref.actor.policy_loss.loss_mode={loss!r} is unknown; "
-                         f"known: {sorted(POLICY_LOSS_REGISTRY)}")
-    level = cfg.critic.level
-    if level not in ("none", "token", "turn"):
-        raise ValueError(f"critic.level must be none, token or turn, got {level!r}")
-    needs = CRITIC_LEVEL_OF[adv]
-    if level != needs:
-        raise ValueError(f"algorithm.adv_estimator={adv} needs critic.level={needs}, got {level!r}")
-    trainer = cfg.algo.get("trainer", "starpo")
-    if trainer not in TRAINER_NAMES:
-        raise ValueError(f"algo.trainer must be one of {list(TRAINER_NAMES)}, got {trainer!r}")
+
+# ------------------------------------------------------------------------------------------------ cross-key checks
+# Each takes the config and returns its problems (``key=value: rule`` lines); validate_config runs them all.
+def _algorithm_pieces(cfg: DictConfig) -> List[str]:
+    adv, level, trainer = cfg.algorithm.adv_estimator, cfg.critic.level, cfg.algo.trainer
+    out = []
+    needs = CRITIC_LEVEL_OF.get(adv)
+    if needs is not None and level != needs:
+        out.append(f"critic.level={level}: algorithm.adv_estimator={adv} needs critic.level={needs}")
     if (trainer == "turn") != (adv == "turn_gae"):
-        raise ValueError(f"algo.trainer={trainer} with algorithm.adv_estimator={adv}: the turn trainer is the turn "
-                         "critic + turn GAE (adv_estimator=turn_gae); every other estimator runs on "
-                         "algo.trainer=starpo")
-    _check_policy_loss(cfg)
-    boot = cfg.algorithm.get("bootstrap_truncated", False)
-    if not isinstance(boot, bool):
-        raise ValueError(f"algorithm.bootstrap_truncated must be true or false, got {boot!r}")
-    if boot and adv not in ("token_gae", "turn_gae"):
-        raise ValueError(f"algorithm.bootstrap_truncated=true needs a critic's GAE (adv_estimator token_gae or "
-                         f"turn_gae), got algorithm.adv_estimator={adv}")
+        out.append(f"algo.trainer={trainer}: with algorithm.adv_estimator={adv} it must be "
+                   f"{'turn' if adv == 'turn_gae' else 'starpo'} (the turn trainer is the turn critic + turn GAE)")
+    try:
+        _check_policy_loss(cfg)
+    except ValueError as e:
+        out.append(str(e))
+    if cfg.algorithm.bootstrap_truncated and adv not in ("token_gae", "turn_gae"):
+        out.append(f"algorithm.bootstrap_truncated=true: needs a critic's GAE (adv_estimator token_gae or "
+                   f"turn_gae), got algorithm.adv_estimator={adv}")
     if cfg.critic.shared_backbone and level != "none" and \
             cfg.critic.ppo_epochs != cfg.actor_rollout_ref.actor.ppo_epochs:
-        raise ValueError(f"critic.shared_backbone=true trains the critic inside the actor's update: critic.ppo_epochs="
-                         f"{cfg.critic.ppo_epochs} must equal actor_rollout_ref.actor.ppo_epochs="
-                         f"{cfg.actor_rollout_ref.actor.ppo_epochs}")
-    parse_split(cfg.custom_envs, cfg.es_manager.train, "train")
-    parse_split(cfg.custom_envs, cfg.es_manager.val, "val")
-    tr = cfg.es_manager.train
-    if adv == "grpo" and tr.group_size < 2:
-        raise ValueError(f"es_manager.train.group_size={tr.group_size}: grpo needs group_size >= 2 "
-                         "(its baseline is the group mean)")
-    ratio = cfg.actor_rollout_ref.rollout.rollout_filter_ratio
-    if not (0 < ratio <= 1):
-        raise ValueError(f"actor_rollout_ref.rollout.rollout_filter_ratio must be in (0, 1], got {ratio}")
+        out.append(f"critic.ppo_epochs={cfg.critic.ppo_epochs}: critic.shared_backbone=true trains the critic inside "
+                   f"the actor's update, so it must equal actor_rollout_ref.actor.ppo_epochs="
+                   f"{cfg.actor_rollout_ref.actor.ppo_epochs}")
+    if cfg.engine.name != "local":  # keys that only the local engine reads
+        for name, value in (("trainer.resume_from", cfg.trainer.resume_from),
+                            ("actor_rollout_ref.actor.max_update_kl", cfg.actor_rollout_ref.actor.max_update_kl)):
+            if value is not None:
+                out.append(f"{name}={value}: engine=local only (set it to null for engine={cfg.engine.name})")
+    if adv == "grpo" and cfg.es_manager.train.group_size < 2:
+        out.append(f"es_manager.train.group_size={cfg.es_manager.train.group_size}: grpo needs >= 2 "
+                   "(its baseline is the group mean)")
+    return out
+
+
+def _batches(cfg: DictConfig) -> List[str]:
+    """Both engines: the mini-batch divides the (filtered) rollout batch (verl's split over its GPUs is checked by
+    ``engines.verl.check_config`` before Ray starts)."""
     kept = kept_batch_size(cfg)
-    if cfg.ppo_mini_batch_size < 1 or cfg.ppo_mini_batch_size > kept:
-        raise ValueError(f"ppo_mini_batch_size={cfg.ppo_mini_batch_size} must be in [1, {kept}] (the rollout batch "
-                         f"after filtering: es_manager.train.env_groups x group_size x rollout_filter_ratio)")
-    if cfg.micro_batch_size_per_gpu < 1:
-        raise ValueError("micro_batch_size_per_gpu must be >= 1")
-    if cfg.ppo_epochs < 1:
-        raise ValueError("ppo_epochs must be >= 1")
-    if cfg.agent_proxy.reward_normalization.method not in ("identity", "mean_std", "mean"):
-        raise ValueError("agent_proxy.reward_normalization.method must be identity, mean_std or mean")
-    if cfg.agent_proxy.reward_normalization.grouping not in ("state", "batch"):
-        raise ValueError("agent_proxy.reward_normalization.grouping must be state or batch")
-    ends = cfg.algorithm.get("bi_level_gae_turn_ends", "mask")
-    if ends not in ("mask", "rewards"):
-        raise ValueError(f"algorithm.bi_level_gae_turn_ends must be mask or rewards, got {ends!r}")
-    freq = cfg.trainer.get("collapse_freq", 0)
-    if not isinstance(freq, int) or isinstance(freq, bool) or freq < 0:
-        raise ValueError(f"trainer.collapse_freq must be an integer >= 0 (0 = never), got {freq!r}")
-    n = cfg.trainer.get("collapse_num_samples", None)
-    if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 2):
-        raise ValueError(f"trainer.collapse_num_samples must be null (all) or an integer >= 2, got {n!r}")
-    ws = cfg.model.get("warmstart", {}).get("enable", False)
-    if ws not in (True, False, "auto"):
-        raise ValueError(f"model.warmstart.enable must be true, false or auto, got {ws!r}")
-    for k in ("gamma", "lam", "high_level_gamma"):
-        if not 0 <= cfg.algorithm[k] <= 1:
-            raise ValueError(f"algorithm.{k} must be in [0, 1], got {cfg.algorithm[k]}")
-    if cfg.trainer.total_training_steps < 0:
-        raise ValueError("trainer.total_training_steps must be >= 0")
-    budget = cfg.trainer.get("time_budget_s")
-    if budget is not None and not float(budget) > 0:
-        raise ValueError(f"trainer.time_budget_s must be null or > 0 seconds, got {budget}")
-    if cfg.device not in ("auto", "cpu", "cuda") and not str(cfg.device).startswith("cuda:"):
-        raise ValueError(f"device must be auto, cpu or cuda, got {cfg.device!r}")
-    if str(cfg.device).startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"device={cfg.device} but CUDA is not available")
+    mini = cfg.ppo_mini_batch_size
+    where = ("the rollout batch after filtering: es_manager.train.env_groups x group_size x "
+             "rollout_filter_ratio = " + str(kept))
+    if mini > kept:
+        return [f"ppo_mini_batch_size={mini}: must be <= {kept} ({where})"]
+    if kept % mini:
+        return [f"ppo_mini_batch_size={mini}: must divide {kept} ({where}); a smaller last mini-batch would take "
+                "a full optimizer step"]
+    return []
+
+
+def _env_splits(cfg: DictConfig) -> List[str]:
+    """The tags each split names exist, their group counts add up, and each tag's env_config builds."""
+    from ragen_turn.envs import make_env_config
+    from ragen_turn.rollout.env_manager import parse_split
+
+    out: List[str] = []
+    used: Dict[str, Any] = {}
+    for split in ("train", "val"):
+        try:
+            groups, _, _ = parse_split(cfg.custom_envs, cfg.es_manager[split], split)
+        except ValueError as e:
+            out.append(str(e))
+            continue
+        used.update({tag: spec for tag, _, spec in groups})
+    for tag, spec in used.items():
+        try:
+            make_env_config(spec["env_type"], dict(spec.get("env_config") or {}))
+        except (ValueError, TypeError, OSError) as e:
+            out.append(f"custom_envs.{tag}.env_config: {e}")
+    return out
+
+
+def _tiny_model(cfg: DictConfig) -> List[str]:
+    m = cfg.model
+    if m.hidden_size is None or m.num_attention_heads is None:
+        return []
+    out = []
+    if m.hidden_size % m.num_attention_heads:
+        out.append(f"model.num_attention_heads={m.num_attention_heads}: must divide model.hidden_size={m.hidden_size}")
+    if m.num_key_value_heads is not None and m.num_attention_heads % m.num_key_value_heads:
+        out.append(f"model.num_key_value_heads={m.num_key_value_heads}: must divide "
+                   f"model.num_attention_heads={m.num_attention_heads}")
+    return out
+
+
+def _device(cfg: DictConfig) -> List[str]:
+    if str(cfg.device).startswith("cuda") and cfg.engine.name == "local":
+        import torch
+
+        if not torch.cuda.is_available():
+            return [f"device={cfg.device}: CUDA is not available on this machine"]
+    return []
+
+
+CROSS_CHECKS = (_algorithm_pieces, _batches, _env_splits, _tiny_model, _device)

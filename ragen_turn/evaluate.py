@@ -21,10 +21,14 @@ COLUMNS = [("success", "val/success"), ("mean reward", "val/reward"), ("mean tur
 
 
 def resolve_checkpoint(path: str) -> Path:
-    """A checkpoint dir (with actor/), a run dir (uses checkpoints/latest) or an HF model dir."""
+    """A checkpoint dir (with actor/), a run dir (its newest complete checkpoint, as a resume picks it) or an HF
+    model dir."""
+    from ragen_turn.engines.checkpoints import resume_point
+
     p = Path(path).expanduser()
-    if (p / "checkpoints" / "latest").is_file():
-        p = p / "checkpoints" / (p / "checkpoints" / "latest").read_text().strip()
+    newest = resume_point(p / "checkpoints", log=lambda line: print(line, file=sys.stderr))
+    if newest is not None:
+        p = newest
     if (p / "actor" / "config.json").is_file():
         return p / "actor"
     if (p / "config.json").is_file():

@@ -12,7 +12,11 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
+from ragen_turn import schema
+from ragen_turn.preflight import CONFIG_ERRORS, exit_code, watch
+
 CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "config")
+schema.register()  # config/base.yaml's first default: the typed schema, enforced as Hydra composes
 
 # ${mul:a,b}: products in configs (e.g. the critic lr as a multiple of the actor's in sweep=critic_lr)
 if not OmegaConf.has_resolver("mul"):
@@ -117,12 +121,17 @@ def quiet_transformers() -> None:
 
 @hydra.main(config_path=CONFIG_DIR, config_name="base", version_base="1.3")
 def main(cfg: DictConfig) -> None:
+    from ragen_turn.engines.rundir import DiskFull, TrainingStopped
+
     quiet_transformers()
     try:
         run(cfg)
-    except (ValueError, FileNotFoundError, FileExistsError) as e:  # config / input errors: one clear line
+    except CONFIG_ERRORS as e:  # config / input errors: one clear line, exit code 2
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+    except (DiskFull, TrainingStopped) as e:  # one line: what happened and the checkpoint to go back to
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
 
 
 def prepare_cli() -> None:
@@ -133,10 +142,19 @@ def prepare_cli() -> None:
     prepare_envs(sys.argv[1:])
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """``python -m ragen_turn.train``: Hydra's app; every config error exits with code 2 (``preflight``)."""
     try:
         prepare_cli()
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
-    main()
+    watch()
+    try:
+        main()
+    except SystemExit as e:
+        raise SystemExit(exit_code(e.code)) from None
+
+
+if __name__ == "__main__":
+    cli()

@@ -18,6 +18,7 @@ from ragen_turn.report import sweep_jobs
 from ragen_turn.train import CONFIG_DIR, compose_config
 
 ROOT = Path(__file__).resolve().parent.parent
+MODEL_DIR = ROOT / "config"  # an existing directory standing in for model.path (configs are only composed here)
 SWEEPS = {  # name -> (overrides as documented in the sweep file, jobs)
     "algos": (["env=sokoban", "+sweep=algos"], 24),
     "gamma_lambda": (["env=sokoban", "algo=turn_ppo", "+sweep=gamma_lambda"], 48),
@@ -38,7 +39,7 @@ def test_cfg_job_composes_on_the_command_line():
     """``python -m ragen_turn.train ... --cfg job`` for every sweep and one paper config (run side by side; the
     other paper configs are composed in-process below, as --cfg job does)."""
     cmds = [[*SWEEPS[s][0], "--cfg", "job"] for s in SWEEPS]
-    cmds += [[f"+paper={PAPERS[2]}", "model.path=/models/x", "--cfg", "job", "--resolve"]]
+    cmds += [[f"+paper={PAPERS[2]}", f"model.path={MODEL_DIR}", "--cfg", "job", "--resolve"]]
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     procs = [subprocess.Popen([sys.executable, "-m", "ragen_turn.train", *c], cwd=ROOT, env=env, text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for c in cmds]
@@ -156,7 +157,7 @@ def test_multirun_launches_each_job_in_its_own_run_dir(tmp_path):
 # ------------------------------------------------------------------------------------------------ paper configs
 @functools.lru_cache(maxsize=None)
 def _paper(name, *extra):
-    return compose_config([f"+paper={name}", "model.path=/models/x", *extra])
+    return compose_config([f"+paper={name}", f"model.path={MODEL_DIR}", *extra])
 
 
 @pytest.mark.parametrize("name", PAPERS)
@@ -200,7 +201,7 @@ def test_paper_runs_have_distinct_dirs_and_need_a_model_path():
 def test_paper_configs_only_set_existing_keys():
     """Every key the paper files set exists in the config they override (base + groups, engine=verl)."""
     missing = object()
-    base = compose_config(["engine=verl", "model.path=/models/x"])
+    base = compose_config(["engine=verl", f"model.path={MODEL_DIR}"])
 
     def leaves(node, prefix=""):
         for k, v in node.items():

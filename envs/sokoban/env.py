@@ -8,7 +8,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
-from ..base import BaseDiscreteActionEnv
+from ..base import BaseDiscreteActionEnv, check_seed
 from .config import SokobanEnvConfig
 from .generation import generate_flat, normalize_seed
 from .room import (
@@ -112,7 +112,7 @@ class SokobanEnv(BaseDiscreteActionEnv):
     def reset(self, seed: int | None = None, mode: str | None = None) -> str:
         """New room from ``seed`` (same seed, same room on any machine); returns the grid text."""
         cfg = self.config
-        seed = normalize_seed(seed)
+        seed = normalize_seed(check_seed(seed))
         fr = generate_flat(cfg.dim_room, cfg.num_boxes, cfg.search_depth, seed, cfg.p_change_directions,
                            cfg.num_gen_steps, max_solution_steps=cfg.max_steps)
         self.seed = seed

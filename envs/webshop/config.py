@@ -5,6 +5,8 @@ import os
 from dataclasses import dataclass, fields
 from typing import Any, Dict, List, Mapping, Optional
 
+from .catalog import DATA_HELP, WebShopDataError
+
 SPLITS = ("train", "val", "test", "all")
 _SPLIT_ALIASES = {"eval": "val", "validation": "val", "dev": "val"}
 OBSERVATION_MODES = ("text", "text_rich", "compact")
@@ -88,6 +90,8 @@ class WebShopEnvConfig:
             if not isinstance(self.data_dir, (str, os.PathLike)) or not str(self.data_dir).strip():
                 raise ValueError(f"webshop: data_dir must be a non-empty path or None, got {self.data_dir!r}")
             self.data_dir = os.path.expanduser(str(self.data_dir))
+            if not os.path.isdir(self.data_dir):  # said before any work (the catalog loads with the env)
+                raise WebShopDataError(f"WebShop data folder {self.data_dir!r} does not exist. {DATA_HELP}")
         if self.num_products is not None:
             if isinstance(self.num_products, bool) or not isinstance(self.num_products, int) or self.num_products <= 0:
                 raise ValueError(f"webshop: num_products must be a positive int or None, got {self.num_products!r}")

@@ -20,7 +20,7 @@ import random
 import re
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
-from ..base import BaseLanguageBasedEnv
+from ..base import BaseLanguageBasedEnv, check_seed
 from .catalog import Catalog, Product, load_catalog
 from .config import WebShopEnvConfig, default_cache_dir, normalize_split
 from .reward import get_reward, normalize_color, token_set_ratio
@@ -111,6 +111,7 @@ class WebShopEnv(BaseLanguageBasedEnv):
     # ------------------------------------------------------------------ API
     def reset(self, seed: Optional[int] = None, mode: Optional[str] = None) -> str:
         """Start an episode; ``seed`` picks the goal within the split (``mode`` may name another split)."""
+        seed = check_seed(seed)
         goals = self.goal_indices(mode)
         if seed is None:
             seed = self._rng.randrange(2 ** 31)

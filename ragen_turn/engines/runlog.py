@@ -9,11 +9,12 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional
 
 import numpy as np
 import torch
 
+from ragen_turn.engines.rundir import atomic_write_text, writing
 from ragen_turn.rollout import Trajectory
 
 
@@ -92,20 +93,42 @@ def jsonable(v: Any) -> Any:
 
 
 def append_metrics(path: Path, metrics: Mapping[str, Any]) -> None:
-    """Append one line (keys sorted) to ``metrics.jsonl``."""
+    """Append one line (keys sorted) to ``metrics.jsonl``; a full disk raises ``DiskFull`` naming the file."""
     clean = {k: jsonable(v) for k, v in metrics.items()}
-    with open(path, "a") as f:
+    with writing(path), open(path, "a") as f:
         f.write(json.dumps(clean, sort_keys=True) + "\n")
 
 
-def truncate_metrics(path: Path, step: int) -> None:
+def read_metrics(path: Path, log: Callable[[str], None] = print) -> List[Dict[str, Any]]:
+    """The lines of ``metrics.jsonl`` as dicts. A torn last line (a crash mid-write) is dropped with a warning
+    naming the file; an unreadable line before the last raises ``ValueError`` naming the file and line."""
+    path = Path(path)
+    lines = path.read_text(errors="replace").splitlines()
+    rows: List[Dict[str, Any]] = []
+    for i, ln in enumerate(lines):
+        if not ln.strip():
+            continue
+        try:
+            row = json.loads(ln)
+            if not isinstance(row, dict):
+                raise ValueError(f"a {type(row).__name__}, not an object")
+        except ValueError as e:
+            if i == len(lines) - 1 or not any(x.strip() for x in lines[i + 1:]):
+                log(f"[warn] {path}: dropped its torn last line {i + 1} ({len(ln)} chars: {e})")
+                break
+            raise ValueError(f"{path} line {i + 1} is not a JSON object ({e}); fix or remove that line") from None
+        rows.append(row)
+    return rows
+
+
+def truncate_metrics(path: Path, step: int, log: Callable[[str], None] = print) -> None:
     """Resume rule: keep the lines of steps ``<= step`` (the checkpoint's step); ``step == 0`` (a fresh run)
-    removes the log."""
+    removes the log. A torn last line is dropped (:func:`read_metrics`). The file is replaced atomically."""
     path = Path(path)
     if not path.exists():
         return
     if step <= 0:
         path.unlink()
         return
-    lines = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln).get("step", 0) <= step]
-    path.write_text("".join(ln + "\n" for ln in lines))
+    rows = [r for r in read_metrics(path, log) if r.get("step", 0) <= step]
+    atomic_write_text(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))

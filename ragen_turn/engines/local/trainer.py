@@ -41,7 +41,16 @@ from ragen_turn.algos import (
     values_before_tokens,
 )
 from ragen_turn.config import model_config, policy_loss_config, validate_config
+from ragen_turn.engines import checkpoints as ckpt
 from ragen_turn.engines.common import compute_advantages, kept_rows, turn_critic_targets
+from ragen_turn.engines.rundir import (
+    DiskFull,
+    TrainingStopped,
+    atomic_write_text,
+    check_run_dir,
+    crash_point,
+    writing,
+)
 from ragen_turn.engines.runlog import append_metrics, episode_metrics, progress_line, run_header, truncate_metrics
 from ragen_turn.engines.runtime import derived_seed, pick_device, seed_everything
 from ragen_turn.models import CriticModel, load_model_and_tokenizer, logprobs_and_hidden, sequence_logprobs
@@ -79,14 +88,12 @@ class StarPOTrainer:
         self.dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[cfg.dtype]
         seed_everything(cfg.seed)
         self.out_dir = Path(cfg.trainer.default_local_dir)
-        existing = self.out_dir / "metrics.jsonl"
-        if not cfg.trainer.resume and not cfg.trainer.get("overwrite", False) and existing.is_file() \
-                and existing.stat().st_size > 0:
-            raise FileExistsError(f"{self.out_dir} already holds a run ({existing}): trainer.resume=true continues "
-                                  "it, trainer.overwrite=true starts it over, or set another trainer.experiment_name "
-                                  "/ trainer.default_local_dir")
-        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.lock = check_run_dir(cfg, log=log)  # writable, ours alone, no earlier run unless resume/overwrite
         self.ckpt_dir = self.out_dir / "checkpoints"
+        ckpt.clean(self.ckpt_dir, log=log)  # what a run killed while writing or deleting a checkpoint left
+        if not cfg.trainer.resume and ckpt.step_dirs(self.ckpt_dir):
+            shutil.rmtree(self.ckpt_dir)
+            log(f"[ragen_turn] removed the checkpoints of the earlier run in {self.ckpt_dir} (a fresh start)")
 
         self.actor, self.tokenizer = load_model_and_tokenizer(model_config(cfg), device="cpu", dtype=cfg.dtype)
         self.tokenizer.padding_side = "left"
@@ -133,12 +140,13 @@ class StarPOTrainer:
         self.loss_cfg = policy_loss_config(cfg)
         self.step = 0
         self.nonfinite_in_a_row = 0
+        self.unconfirmed: Optional[Path] = None  # the last checkpoint, until the step after it updates soundly
         self.metrics_path = self.out_dir / "metrics.jsonl"
         self.wandb = None
         if cfg.trainer.resume:
             self.load_checkpoint()
-        truncate_metrics(self.metrics_path, self.step)  # a fresh run starts a fresh log; a resumed one keeps <= step
-        (self.out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+        truncate_metrics(self.metrics_path, self.step, log=log)  # fresh run: fresh log; resumed: lines <= step
+        atomic_write_text(self.out_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
 
     # -------------------------------------------------------------------------------- rollout
     def rollout(self, step: int) -> Trajectory:
@@ -225,16 +233,26 @@ class StarPOTrainer:
         return float(gn)
 
     def _run_updates(self, batch: Trajectory, model, optim, loss_of, epochs: int, grad_clip: float, prefix: str,
-                     stats_of=None):
+                     stats_of=None, kl_limit: Optional[float] = None):
         """PPO epochs x mini-batches, each accumulated over its micro-batches (:meth:`_accumulate`), then clipped
-        and stepped. Returns the mean over mini-batches of each mini-batch's metrics."""
+        and stepped. Returns the mean over mini-batches of each mini-batch's metrics.
+
+        ``kl_limit`` (the actor's ``max_update_kl``; SB3's ``target_kl``): a mini-batch whose approx KL to the
+        rollout policy, measured before its step, is above it (or not finite) is not stepped, and the update's
+        remaining mini-batches and epochs are dropped (``<prefix>/kl_stop`` = 1)."""
         model.train()
         acc: Dict[str, List[float]] = {}
         skipped = 0
+        stopped = False
         for epoch in range(epochs):
             for mini in self._minibatches(batch.batch_size, epoch):
                 optim.zero_grad(set_to_none=True)
                 metrics = self._accumulate(batch.select(mini), loss_of, stats_of)
+                if metrics is not None and kl_limit is not None and \
+                        not metrics.get("actor/approx_kl", 0.0) <= kl_limit:
+                    optim.zero_grad(set_to_none=True)
+                    stopped = True
+                    break
                 gn = self._optimizer_step(model, optim, grad_clip) if metrics is not None else None
                 if gn is None:
                     optim.zero_grad(set_to_none=True)
@@ -243,9 +261,22 @@ class StarPOTrainer:
                 for k, v in metrics.items():
                     acc.setdefault(k, []).append(v)
                 acc.setdefault(f"{prefix}/grad_norm", []).append(gn)
+            if stopped:
+                break
         out = {k: float(np.nanmean(v)) for k, v in acc.items()}
         out[f"{prefix}/skipped_updates"] = float(skipped)
+        if kl_limit is not None:
+            out[f"{prefix}/kl_stop"] = float(stopped)
         return out, skipped
+
+    @torch.no_grad()
+    def update_kl(self, batch: Trajectory) -> float:
+        """How far the actor's update moved the policy: approx KL (k3, per response token, capped at 10) between
+        the rollout policy and the updated one over the whole batch (one extra forward)."""
+        self.actor.eval()
+        new = self._forward_all(lambda *a: self.logprobs(self.actor, *a), batch)
+        return float(masked_mean(kl_penalty(batch.old_logp, new, "low_var_kl"), batch.response_mask.float()))
+
 
     def _accumulate(self, mini: Trajectory, loss_of, stats_of=None) -> Optional[Dict[str, float]]:
         """Forward and backward one mini-batch in micro-batches of ``micro_batch_size_per_gpu``; the gradients
@@ -329,6 +360,10 @@ class StarPOTrainer:
         return self.critic_loss(mb, values.float(), counts)
 
     def update(self, batch: Trajectory) -> Dict[str, float]:
+        """Critic, then actor. With ``actor.max_update_kl`` the actor's update is guarded: mini-batches stop once
+        the KL reaches it (:meth:`_run_updates`), and an update whose KL over the batch (:meth:`update_kl`) is
+        still above it is rolled back (weights and optimizer state; ``actor/update_rolled_back`` = 1).
+        A step with a skipped (non-finite) or rolled-back update counts toward ``trainer.max_nonfinite_steps``."""
         metrics: Dict[str, float] = {}
         skipped = 0
         if self.critic is not None and not self.shared_critic:
@@ -341,18 +376,37 @@ class StarPOTrainer:
             model, loss_of = torch.nn.ModuleList([self.actor, self.critic.value_head]), self.joint_loss
         a = self.cfg.actor_rollout_ref.actor
         stats_of = self.clip_stats if needs_minibatch_stats(a.policy_loss.loss_mode, self.loss_cfg) else None
+        limit = a.get("max_update_kl")
+        before = None
+        if limit is not None:  # what a rollback restores (a copy of the weights and the optimizer's moments)
+            before = ({k: v.detach().clone() for k, v in model.state_dict().items()},
+                      copy.deepcopy(self.actor_optim.state_dict()))
         m, s = self._run_updates(batch, model, self.actor_optim, loss_of, a.ppo_epochs, a.grad_clip, "actor",
-                                 stats_of)
+                                 stats_of, kl_limit=limit)
         metrics.update(m)
         skipped += s
+        rolled_back = False
+        if limit is not None:
+            kl = metrics["actor/update_kl"] = self.update_kl(batch)
+            if m.get("actor/kl_stop"):
+                self.log(f"[guard] step {self.step + 1}: a mini-batch's approx KL reached actor_rollout_ref.actor."
+                         f"max_update_kl={limit}: the update's remaining mini-batches were dropped")
+            if not kl <= limit:
+                model.load_state_dict(before[0])
+                self.actor_optim.load_state_dict(before[1])
+                rolled_back = True
+                self.log(f"[warn] step {self.step + 1}: the actor's update moved the policy by approx KL {kl:.4g} "
+                         f"> actor_rollout_ref.actor.max_update_kl={limit}: rolled back")
+            metrics["actor/update_rolled_back"] = float(rolled_back)
         self.actor.eval()
         if skipped:
+            self.log(f"[warn] step {self.step + 1}: {skipped} update(s) skipped: non-finite loss or gradient")
+        if skipped or rolled_back:
             self.nonfinite_in_a_row += 1
-            self.log(f"[warn] step {self.step}: {skipped} update(s) skipped: non-finite loss or gradient")
             if self.nonfinite_in_a_row >= self.cfg.trainer.max_nonfinite_steps:
-                raise RuntimeError(f"non-finite loss/gradient in {self.nonfinite_in_a_row} steps in a row "
-                                   f"(trainer.max_nonfinite_steps={self.cfg.trainer.max_nonfinite_steps}); "
-                                   "lower the learning rate or check the rewards")
+                raise TrainingStopped(f"non-finite or rolled-back updates in {self.nonfinite_in_a_row} steps in a row "
+                                      f"(trainer.max_nonfinite_steps={self.cfg.trainer.max_nonfinite_steps}); "
+                                      f"lower the learning rate or check the rewards. {self.checkpoint_note()}")
         else:
             self.nonfinite_in_a_row = 0
         return metrics
@@ -377,9 +431,11 @@ class StarPOTrainer:
         metrics["adv/mean"], metrics["adv/std"] = float(adv.mean()), float(adv.std()) if adv.numel() > 1 else 0.0
         if not torch.isfinite(adv).all():
             self.nonfinite_in_a_row += 1
-            self.log(f"[warn] step {self.step}: non-finite advantages, update skipped")
+            self.log(f"[warn] step {self.step + 1}: non-finite advantages, update skipped")
             if self.nonfinite_in_a_row >= self.cfg.trainer.max_nonfinite_steps:
-                raise RuntimeError("non-finite advantages in too many steps in a row")
+                raise TrainingStopped(f"non-finite advantages in {self.nonfinite_in_a_row} steps in a row "
+                                      f"(trainer.max_nonfinite_steps={self.cfg.trainer.max_nonfinite_steps}); "
+                                      f"check the rewards. {self.checkpoint_note()}")
         else:
             t1 = time.time()
             metrics.update(self.update(batch))
@@ -398,6 +454,15 @@ class StarPOTrainer:
                                log=throttled(self.log, 20.0))
 
     def fit(self) -> Dict[str, float]:
+        """Train to ``trainer.total_training_steps`` (or the time budget). A full disk stops the run naming the
+        file and the checkpoint to resume from."""
+        try:
+            return self._fit()
+        except DiskFull as e:
+            e.args = (f"{e}; {self.checkpoint_note()}",)
+            raise
+
+    def _fit(self) -> Dict[str, float]:
         cfg = self.cfg.trainer
         total = cfg.total_training_steps
         self.log(run_header(self.cfg, type(self).__name__, self.step, len(self.train_envs), self.out_dir, self.device))
@@ -414,6 +479,9 @@ class StarPOTrainer:
             metrics = self.train_step()
             self.step += 1
             metrics["step"] = self.step
+            if self.unconfirmed is not None and self.nonfinite_in_a_row == 0:  # its weights updated soundly
+                ckpt.confirm(self.ckpt_dir, self.unconfirmed)
+            self.unconfirmed = None
             final = self.step == total
             if budget is not None and not final and time.time() - started >= float(budget):
                 self.log(f"[ragen_turn] trainer.time_budget_s={budget} spent after step {self.step}: "
@@ -450,56 +518,93 @@ class StarPOTrainer:
         self.wandb.log(metrics, step=int(metrics.get("step", self.step)))
 
     # -------------------------------------------------------------------------------- checkpoints
+    def checkpoint_note(self) -> str:
+        """Which checkpoint to go back to, for the line that stops a run."""
+        good, newest = ckpt.last_good(self.ckpt_dir), ckpt.newest_complete(self.ckpt_dir)
+        if good is not None:
+            return (f"The last good checkpoint (the step after it updated soundly) is {good}: resume from it with "
+                    f"trainer.resume=true trainer.resume_from={ckpt.LAST_GOOD}")
+        if newest is not None:
+            return f"The last complete checkpoint is {newest} (resume with trainer.resume=true)"
+        return f"No checkpoint was written in {self.ckpt_dir}"
+
     def save_checkpoint(self) -> Path:
-        final = self.ckpt_dir / f"step_{self.step:06d}"
-        tmp = self.ckpt_dir / f".tmp_step_{self.step:06d}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        self.actor.save_pretrained(tmp / "actor")
-        self.tokenizer.save_pretrained(tmp / "actor")
-        state = {"step": self.step, "nonfinite_in_a_row": self.nonfinite_in_a_row,
-                 "actor_optim": self.actor_optim.state_dict(),
-                 "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}}
-        if self.shared_critic:
-            self.critic.save_value_head(tmp / "critic")
-        elif self.critic is not None:
-            self.critic.save_pretrained(tmp / "critic")
-            state["critic_optim"] = self.critic_optim.state_dict()
-        torch.save(state, tmp / "trainer_state.pt")
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
-        (self.ckpt_dir / "latest").write_text(final.name + "\n")
-        keep = self.cfg.trainer.keep_checkpoints
-        if keep and keep > 0:
-            for old in sorted(self.ckpt_dir.glob("step_*"))[:-keep]:
-                shutil.rmtree(old, ignore_errors=True)
+        """Write ``checkpoints/step_N`` so that a crash at any moment leaves the previous checkpoints loadable:
+        staged in ``.tmp_step_N``, renamed into place, ``latest`` replaced atomically, old ones rotated
+        (``engines/checkpoints.py``)."""
+        tmp = ckpt.begin(self.ckpt_dir, self.step)
+        try:
+            with writing(tmp / "actor"):
+                self.actor.save_pretrained(tmp / "actor")
+                crash_point("actor written")
+                self.tokenizer.save_pretrained(tmp / "actor")
+                crash_point("tokenizer written")
+            state = {"step": self.step, "nonfinite_in_a_row": self.nonfinite_in_a_row,
+                     "actor_optim": self.actor_optim.state_dict(),
+                     "rng": {"python": random.getstate(), "numpy": np.random.get_state(),
+                             "torch": torch.get_rng_state()}}
+            with writing(tmp / "critic"):
+                if self.shared_critic:
+                    self.critic.save_value_head(tmp / "critic")
+                elif self.critic is not None:
+                    self.critic.save_pretrained(tmp / "critic")
+                    state["critic_optim"] = self.critic_optim.state_dict()
+                crash_point("critic written")
+            with writing(tmp / "trainer_state.pt"):
+                torch.save(state, tmp / "trainer_state.pt")
+            crash_point("trainer state written")
+            final = ckpt.commit(tmp, self.step)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)  # a failed write frees its space; the older checkpoints stay
+            raise
+        ckpt.rotate(self.ckpt_dir, self.cfg.trainer.keep_checkpoints)
+        self.unconfirmed = final
         return final
 
+    def _load_optimizer(self, optim: torch.optim.Optimizer, state: dict, name: str) -> None:
+        """The optimizer's moments from a checkpoint; its hyperparameters (lr, weight decay, betas) stay the
+        config's (``load_state_dict`` alone would bring back the checkpoint's and ignore, e.g., a new lr)."""
+        mine = [{k: g[k] for k in HYPERPARAMS if k in g} for g in optim.param_groups]
+        optim.load_state_dict(state)
+        for i, (g, want) in enumerate(zip(optim.param_groups, mine)):
+            changed = {k: (g[k], v) for k, v in want.items() if g[k] != v}
+            g.update(want)
+            if changed:
+                self.log(f"[ragen_turn] resume: {name} optimizer group {i} takes the config's "
+                         + ", ".join(f"{k} {old} -> {new}" for k, (old, new) in changed.items()))
+
     def load_checkpoint(self) -> bool:
-        latest = self.ckpt_dir / "latest"
-        if not latest.exists():
+        """Resume: ``trainer.resume_from`` when set, else the newest complete checkpoint (``latest`` is read first;
+        a missing, empty or stale one is said and passed over). Checkpoints after the loaded step are removed."""
+        name = self.cfg.trainer.get("resume_from")
+        path = ckpt.find(self.ckpt_dir, name) if name else ckpt.resume_point(self.ckpt_dir, log=self.log)
+        if path is None:
             self.log(f"[ragen_turn] trainer.resume=true but no checkpoint in {self.ckpt_dir}: starting fresh")
             return False
-        path = self.ckpt_dir / latest.read_text().strip()
         from transformers import AutoModelForCausalLM
 
         loaded = AutoModelForCausalLM.from_pretrained(path / "actor", dtype=self.dtype, local_files_only=True)
         self.actor.load_state_dict(loaded.state_dict())
         state = torch.load(path / "trainer_state.pt", weights_only=False)
-        self.actor_optim.load_state_dict(state["actor_optim"])
+        self._load_optimizer(self.actor_optim, state["actor_optim"], "actor")
         if self.shared_critic:
             self.critic.load_value_head(path / "critic")
         elif self.critic is not None:
             loaded_c = CriticModel.from_pretrained(path / "critic", dtype=self.cfg.dtype)
             self.critic.load_state_dict(loaded_c.state_dict())
-            self.critic_optim.load_state_dict(state["critic_optim"])
+            self._load_optimizer(self.critic_optim, state["critic_optim"], "critic")
         self.step = int(state["step"])
         self.nonfinite_in_a_row = int(state["nonfinite_in_a_row"])
         random.setstate(state["rng"]["python"])
         np.random.set_state(state["rng"]["numpy"])
         torch.set_rng_state(state["rng"]["torch"])
+        ckpt.drop_after(self.ckpt_dir, self.step, log=self.log)
+        self.unconfirmed = path
         self.log(f"[ragen_turn] resumed from {path} at step {self.step}")
         return True
+
+
+HYPERPARAMS = ("lr", "weight_decay", "betas")  # an optimizer's settings that come from the config, also on resume
 
 
 class TurnPPOTrainer(StarPOTrainer):

@@ -57,8 +57,22 @@ def build_verl_config(cfg: Any):
     return to_verl_config(cfg, model_path=str(path))
 
 
+def check_config(cfg: Any) -> None:
+    """What the train command checks for engine=verl before any work (``ragen_turn.preflight``): verl is installed
+    and our config maps onto verl's (placement, batch splits); ValueError naming the key."""
+    require_verl()
+    from .config import check_ragen_config
+
+    check_ragen_config(cfg)
+
+
 def launch(cfg: Any) -> Dict[str, float]:
-    """Train with verl: map the config, check it with verl's own classes, then ``run_ppo``."""
+    """Train with verl: take the run directory (its lock: one process per run dir), map the config, check it with
+    verl's own classes, then ``run_ppo``."""
+    require_verl()
+    from ragen_turn.engines.rundir import check_run_dir
+
+    check_run_dir(cfg)
     vcfg = build_verl_config(cfg)
     from .config import check_verl_config
 
@@ -76,4 +90,5 @@ def launch(cfg: Any) -> Dict[str, float]:
     return {}
 
 
-__all__ = ["launch", "build_verl_config", "require_verl", "VerlNotInstalled", "INSTALL_HINT", "VERL_VERSION"]
+__all__ = ["launch", "check_config", "build_verl_config", "require_verl", "VerlNotInstalled", "INSTALL_HINT",
+           "VERL_VERSION"]

@@ -1,0 +1,231 @@
+"""A run's ``checkpoints/`` directory: which step directories are complete, what a resume loads, what rotation
+deletes, and how a crash at any moment leaves it loadable (the local engine's checkpoints; verl keeps its own).
+
+Layout::
+
+    checkpoints/step_000010/    a complete checkpoint: renamed into place from .tmp_step_000010/ after its
+        complete.json           files were written and synced; lists every file and its size
+    checkpoints/latest          the newest complete step directory's name (written atomically)
+    checkpoints/last_good       the newest checkpoint confirmed by a healthy step after it (see below)
+    checkpoints/.tmp_step_*     being written (removed at the next start if the writer died)
+    checkpoints/.del_step_*     being deleted (renamed first, so no half-deleted step_* is ever left)
+
+A resume loads the newest complete step directory; ``latest`` is read first and a disagreement (missing,
+empty, naming an incomplete or an older directory) is said in one line. A checkpoint is *confirmed* when the
+step after it updates with finite losses and gradients (its weights were sound); rotation never deletes the
+newest confirmed one, so a blow-up that fills ``keep_checkpoints`` with broken checkpoints leaves a good one.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Callable, Dict, List, Optional
+
+from .rundir import atomic_write_text, crash_point, fsync_dir, fsync_tree, writing
+
+MANIFEST = "complete.json"
+LATEST = "latest"
+LAST_GOOD = "last_good"
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+def step_dir_name(step: int) -> str:
+    return f"step_{step:06d}"
+
+
+def step_of(path: Path) -> Optional[int]:
+    m = _STEP_DIR.match(Path(path).name)
+    return int(m.group(1)) if m else None
+
+
+def incomplete_reason(path: Path) -> Optional[str]:
+    """Why step directory ``path`` cannot be loaded, or None when it is complete.
+
+    Complete = its manifest lists files that are all there with their sizes. A directory written before
+    manifests existed counts as complete when it has ``trainer_state.pt`` and ``actor/config.json``."""
+    path = Path(path)
+    if not path.is_dir():
+        return "missing"
+    manifest = path / MANIFEST
+    if not manifest.is_file():
+        if (path / "trainer_state.pt").is_file() and (path / "actor" / "config.json").is_file():
+            return None
+        return f"no {MANIFEST} and no trainer_state.pt + actor/config.json"
+    try:
+        files: Dict[str, int] = json.loads(manifest.read_text())["files"]
+    except (ValueError, KeyError, TypeError) as e:
+        return f"unreadable {MANIFEST} ({e})"
+    for rel, size in files.items():
+        f = path / rel
+        if not f.is_file():
+            return f"{rel} is missing"
+        if f.stat().st_size != size:
+            return f"{rel} has {f.stat().st_size} bytes, {size} expected"
+    return None
+
+
+def step_dirs(ckpt_dir: Path) -> List[Path]:
+    """``step_*`` directories, oldest first (by step number)."""
+    if not Path(ckpt_dir).is_dir():
+        return []
+    found = [p for p in Path(ckpt_dir).iterdir() if p.is_dir() and step_of(p) is not None]
+    return sorted(found, key=step_of)
+
+
+def _read_pointer(ckpt_dir: Path, name: str) -> Optional[str]:
+    p = Path(ckpt_dir) / name
+    try:
+        return p.read_text().strip() or None
+    except (FileNotFoundError, IsADirectoryError, UnicodeDecodeError):
+        return None
+
+
+def remove_dir(path: Path, log: Optional[Callable[[str], None]] = None, why: str = "") -> None:
+    """Delete a directory so that a crash midway leaves no half-deleted ``step_*``: rename it to
+    ``.del_<name>`` first (removed at the next start if this process dies here)."""
+    path = Path(path)
+    gone = path.with_name(f".del_{path.name}")
+    if gone.exists():
+        shutil.rmtree(gone, ignore_errors=True)
+    os.replace(path, gone)
+    crash_point(f"{path.name}: renamed for deletion")
+    shutil.rmtree(gone, ignore_errors=True)
+    crash_point(f"{path.name}: deleted")
+    if log and why:
+        log(f"[ragen_turn] removed {path} ({why})")
+
+
+def clean(ckpt_dir: Path, log: Callable[[str], None] = print) -> None:
+    """At the start of a run (the run-dir lock held): remove what a dead writer left: ``.tmp_*`` and ``.del_*``
+    directories, temp pointer files, and ``step_*`` directories that are not complete."""
+    ckpt_dir = Path(ckpt_dir)
+    if not ckpt_dir.is_dir():
+        return
+    for p in sorted(ckpt_dir.iterdir()):
+        if p.name.startswith((".tmp_step_", ".del_step_")):
+            shutil.rmtree(p, ignore_errors=True)
+            log(f"[ragen_turn] removed {p} (left by a run that stopped while writing or deleting it)")
+        elif p.name.startswith((f".{LATEST}.tmp-", f".{LAST_GOOD}.tmp-")):
+            p.unlink(missing_ok=True)
+    for p in step_dirs(ckpt_dir):
+        why = incomplete_reason(p)
+        if why is not None:
+            remove_dir(p, log, f"incomplete checkpoint: {why}")
+
+
+def resume_point(ckpt_dir: Path, log: Callable[[str], None] = print) -> Optional[Path]:
+    """The checkpoint a resume loads: the newest complete step directory (None: there is none). ``latest`` is
+    read first; when it is missing, empty, names an incomplete directory or an older one than the newest
+    complete, one line says so."""
+    ckpt_dir = Path(ckpt_dir)
+    complete = [p for p in step_dirs(ckpt_dir) if incomplete_reason(p) is None]
+    named = _read_pointer(ckpt_dir, LATEST)
+    newest = complete[-1] if complete else None
+    if newest is None:
+        if named is not None:
+            log(f"[ragen_turn] {ckpt_dir / LATEST} names {named!r} but no complete checkpoint is there")
+        return None
+    if named != newest.name:
+        if named is None:
+            why = "is missing or empty"
+        elif incomplete_reason(ckpt_dir / named) is not None:
+            why = f"names {named!r}, which is not a complete checkpoint ({incomplete_reason(ckpt_dir / named)})"
+        else:
+            why = f"names {named!r}, older than the newest complete checkpoint"
+        log(f"[ragen_turn] {ckpt_dir / LATEST} {why}: resuming from {newest.name}")
+    return newest
+
+
+def last_good(ckpt_dir: Path) -> Optional[Path]:
+    """The newest confirmed checkpoint (see the module doc), if it is still complete."""
+    named = _read_pointer(ckpt_dir, LAST_GOOD)
+    if named is None or incomplete_reason(Path(ckpt_dir) / named) is not None:
+        return None
+    return Path(ckpt_dir) / named
+
+
+def newest_complete(ckpt_dir: Path) -> Optional[Path]:
+    complete = [p for p in step_dirs(ckpt_dir) if incomplete_reason(p) is None]
+    return complete[-1] if complete else None
+
+
+def begin(ckpt_dir: Path, step: int) -> Path:
+    """A fresh staging directory ``.tmp_step_N`` to write checkpoint ``step`` into."""
+    tmp = Path(ckpt_dir) / f".tmp_{step_dir_name(step)}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    crash_point(f"{tmp.name}: created")
+    return tmp
+
+
+def commit(tmp: Path, step: int) -> Path:
+    """Finish staging directory ``tmp``: write its manifest, sync it, rename it to ``step_N`` (replacing an older
+    copy of that step), sync the directory, point ``latest`` at it."""
+    ckpt_dir = tmp.parent
+    files = {str(p.relative_to(tmp)): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()}
+    with writing(tmp / MANIFEST):
+        (tmp / MANIFEST).write_text(json.dumps({"step": step, "files": files}, indent=1, sort_keys=True) + "\n")
+    crash_point(f"{tmp.name}: manifest written")
+    fsync_tree(tmp)
+    crash_point(f"{tmp.name}: synced")
+    final = ckpt_dir / step_dir_name(step)
+    if final.exists():
+        remove_dir(final)
+    os.replace(tmp, final)
+    crash_point(f"{final.name}: renamed into place")
+    fsync_dir(ckpt_dir)
+    atomic_write_text(ckpt_dir / LATEST, final.name + "\n")
+    return final
+
+
+def confirm(ckpt_dir: Path, checkpoint: Path) -> None:
+    """Record ``checkpoint`` as the newest confirmed one (``last_good``)."""
+    atomic_write_text(Path(ckpt_dir) / LAST_GOOD, Path(checkpoint).name + "\n")
+
+
+def rotate(ckpt_dir: Path, keep: int, log: Optional[Callable[[str], None]] = None) -> List[Path]:
+    """Delete all but the newest ``keep`` step directories (``keep <= 0``: keep all), never the newest confirmed
+    one (``last_good``). Returns what was deleted."""
+    if keep is None or keep <= 0:
+        return []
+    protected = last_good(ckpt_dir)
+    gone = []
+    for old in step_dirs(ckpt_dir)[:-keep]:
+        if protected is not None and old.name == protected.name:
+            continue
+        remove_dir(old)
+        gone.append(old)
+    return gone
+
+
+def drop_after(ckpt_dir: Path, step: int, log: Callable[[str], None] = print) -> None:
+    """A resume from step ``step`` abandons the checkpoints after it (else rotation, which keeps the highest
+    steps, would delete the new ones and keep those)."""
+    for p in step_dirs(ckpt_dir):
+        if step_of(p) > step:
+            remove_dir(p, log, f"after the resumed step {step}")
+
+
+def find(ckpt_dir: Path, name: str) -> Path:
+    """``trainer.resume_from``: ``last_good``, ``latest`` or a step directory's name (``step_000010``) in
+    ``ckpt_dir``; raises ``FileNotFoundError`` naming the key unless it is a complete checkpoint."""
+    ckpt_dir = Path(ckpt_dir)
+    key = f"trainer.resume_from={name}"
+    if name == LAST_GOOD:
+        p = last_good(ckpt_dir)
+        if p is None:
+            raise FileNotFoundError(f"{key}: no confirmed checkpoint in {ckpt_dir} ({LAST_GOOD} missing or incomplete)")
+        return p
+    if name == LATEST:
+        p = resume_point(ckpt_dir, log=lambda _: None)
+        if p is None:
+            raise FileNotFoundError(f"{key}: no complete checkpoint in {ckpt_dir}")
+        return p
+    why = incomplete_reason(ckpt_dir / name) if step_of(Path(name)) is not None and "/" not in name else \
+        "not a step directory name (step_NNNNNN), last_good or latest"
+    if why is not None:
+        raise FileNotFoundError(f"{key}: {why} (in {ckpt_dir})")
+    return ckpt_dir / name

@@ -1,0 +1,275 @@
+"""The run directory, the same for both engines: its lock, the checks before a run starts, writes that survive
+a crash, and the disk-full error.
+
+- :func:`lock_run_dir`: one process per run directory. ``fcntl.flock`` on ``<run>/run.lock`` (the kernel drops
+  it when the holder dies, however it dies); the file holds the holder's pid, so a second process is refused
+  naming it, and a lock left by a killed process is taken over with a line saying so.
+- :func:`check_run_dir`: before any work, the run directory is writable (a real write is tried: ``os.access``
+  says yes to root on a read-only directory) and does not hold another run unless ``trainer.resume`` /
+  ``trainer.overwrite`` say so.
+- :func:`atomic_write_text`: temp file, fsync, rename, fsync of the directory: a reader sees the old text or
+  the new, never an empty or torn file.
+- :func:`writing`: turns a failed write on a full disk into ``DiskFull("no space left on device while writing
+  <path>")`` (torch's zip writer reports it as ``unexpected pos ...``, without the errno).
+- :func:`crash_point`: a fault-injection hook for the kill-anywhere tests: ``RAGEN_TURN_CRASH_AT=N`` ends the
+  process at the N-th crash point it passes (``os._exit``, or a real ``SIGKILL`` with ``N:sigkill``);
+  ``RAGEN_TURN_CRASH_LOG=FILE`` appends the number and label of every point passed. Unset: a counter only.
+"""
+from __future__ import annotations
+
+import atexit
+import contextlib
+import errno
+import fcntl
+import os
+import shutil
+import signal
+import socket
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable, Dict, Iterator, Optional, Union
+
+PathLike = Union[str, os.PathLike]
+LOCK_FILE = "run.lock"
+METRICS_FILE = "metrics.jsonl"
+
+
+# ------------------------------------------------------------------------------------------------ crash points
+_crash = {"n": 0}
+
+
+def crash_point(label: str) -> None:
+    """Count one crash point; end the process here when it is the one ``RAGEN_TURN_CRASH_AT`` names."""
+    _crash["n"] += 1
+    n = _crash["n"]
+    log = os.environ.get("RAGEN_TURN_CRASH_LOG")
+    if log:
+        with open(log, "a") as f:
+            f.write(f"{n} {label}\n")
+    spec = os.environ.get("RAGEN_TURN_CRASH_AT")
+    if not spec:
+        return
+    at, _, how = spec.partition(":")
+    if int(at) != n:
+        return
+    if how == "sigkill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    os._exit(137)
+
+
+# ------------------------------------------------------------------------------------------------ disk writes
+class DiskFull(RuntimeError):
+    """A write failed because the device is full; ``path`` is what was being written."""
+
+    def __init__(self, path: PathLike, detail: str = ""):
+        self.path = str(path)
+        super().__init__(f"no space left on device while writing {path}{detail}")
+
+
+class TrainingStopped(RuntimeError):
+    """A guard stopped the run (e.g. non-finite updates in a row); the message names the checkpoint to go back to."""
+
+
+def _free_bytes(path: PathLike) -> Optional[int]:
+    p = Path(path)
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    try:
+        return shutil.disk_usage(p).free
+    except OSError:
+        return None
+
+
+FULL_BELOW_BYTES = 64 << 20  # a write error with less free space than this is read as a full disk
+
+
+@contextlib.contextmanager
+def writing(path: PathLike) -> Iterator[None]:
+    """Run a write of ``path``; a full disk comes out as :class:`DiskFull` naming ``path``."""
+    try:
+        yield
+    except DiskFull:
+        raise
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise DiskFull(path) from e
+        raise
+    except RuntimeError as e:  # torch.save's zip writer: "unexpected pos ..." / "file write failed", errno lost
+        free = _free_bytes(path)
+        if free is not None and free < FULL_BELOW_BYTES:
+            raise DiskFull(path, f" ({free} bytes free; {type(e).__name__}: {str(e).strip()[:200]})") from e
+        raise
+
+
+def fsync_dir(path: PathLike) -> None:
+    """Make a rename or a new entry in directory ``path`` durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(path: PathLike) -> None:
+    """fsync every file and directory under ``path`` (before renaming it into place)."""
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            fd = os.open(os.path.join(root, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fsync_dir(root)
+
+
+def atomic_write_text(path: PathLike, text: str) -> None:
+    """Replace ``path`` by ``text`` so that a crash at any moment leaves the old content or the new one."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with writing(path):
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            crash_point(f"{path.name}: temp file created, empty")
+            data = text.encode()
+            while data:
+                data = data[os.write(fd, data):]
+            crash_point(f"{path.name}: temp file written, not synced")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        crash_point(f"{path.name}: temp file synced, not renamed")
+        os.replace(tmp, path)
+        crash_point(f"{path.name}: renamed, directory not synced")
+        fsync_dir(path.parent)
+
+
+# ------------------------------------------------------------------------------------------------ lock
+class RunDirBusy(ValueError):
+    """Another live process holds the run directory's lock (a ValueError: the train CLI exits with 2)."""
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
+
+
+def _holder(text: str) -> Dict[str, str]:
+    parts = text.split()
+    return {"pid": parts[0], "host": parts[1] if len(parts) > 1 else "?"} if parts and parts[0].isdigit() else {}
+
+
+class RunDirLock:
+    """An exclusive ``flock`` on ``<run>/run.lock`` held by this process (see :func:`lock_run_dir`)."""
+
+    def __init__(self, run_dir: Path, fd: int):
+        self.run_dir, self.fd = run_dir, fd
+
+    def release(self) -> None:
+        """Unlock (and clear the pid: a later run does not read this one as stale)."""
+        if self.fd < 0:
+            return
+        try:
+            os.ftruncate(self.fd, 0)
+        except OSError:
+            pass
+        os.close(self.fd)  # closing the last descriptor drops the flock
+        self.fd = -1
+        _HELD.pop(_key(self.run_dir), None)
+
+
+_HELD: Dict[str, RunDirLock] = {}
+
+
+def _key(run_dir: PathLike) -> str:
+    return os.path.realpath(run_dir)
+
+
+def lock_run_dir(run_dir: PathLike, log: Callable[[str], None] = print) -> RunDirLock:
+    """Take ``run_dir``'s lock for this process (creating the directory), or raise :class:`RunDirBusy` naming
+    the pid that holds it. Re-entrant: a process that holds it gets the same lock back. Held until
+    :meth:`RunDirLock.release` or the end of the process."""
+    run_dir = Path(run_dir)
+    held = _HELD.get(_key(run_dir))
+    if held is not None and held.fd >= 0:
+        return held
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / LOCK_FILE
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        text = os.pread(fd, 200, 0).decode(errors="replace")
+        os.close(fd)
+        if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            raise
+        h = _holder(text)
+        who = f"pid {h['pid']} on {h['host']}" if h else "another process (pid not yet written)"
+        raise RunDirBusy(f"{run_dir} is in use by {who} ({path}): a second run or resume into a live run "
+                         "directory is refused; wait for it to end, or pick another trainer.experiment_name / "
+                         "trainer.default_local_dir") from None
+    previous = _holder(os.pread(fd, 200, 0).decode(errors="replace"))
+    if previous and int(previous["pid"]) != os.getpid():
+        state = "no longer running" if not _pid_alive(int(previous["pid"])) else "running, but not holding it"
+        log(f"[ragen_turn] {path}: stale lock of pid {previous['pid']} on {previous['host']} ({state}) taken over")
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()} {socket.gethostname()} {time.strftime('%Y-%m-%dT%H:%M:%S')}\n".encode(), 0)
+    os.fsync(fd)
+    lock = _HELD[_key(run_dir)] = RunDirLock(run_dir, fd)
+    return lock
+
+
+@atexit.register
+def _release_all() -> None:
+    for lock in list(_HELD.values()):
+        lock.release()
+
+
+# ------------------------------------------------------------------------------------------------ checks
+def _probe_writable(run_dir: Path, key: str) -> None:
+    """Raise ``ValueError`` naming ``key`` unless a file can be created in ``run_dir`` (or, when it does not exist
+    yet, in its nearest existing ancestor, where the run would create it). Leaves nothing behind."""
+    p = run_dir
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    if not p.is_dir():
+        raise ValueError(f"{key}={run_dir}: {p} is not a directory, so the run directory cannot be made there")
+    try:
+        with tempfile.TemporaryFile(dir=p, prefix=".ragen_turn_write_probe"):
+            pass
+    except OSError as e:
+        raise ValueError(f"{key}={run_dir}: not writable ({p}: {e.strerror or e}); the run writes its metrics "
+                         "and checkpoints there") from None
+
+
+def run_dir_holds_run(run_dir: PathLike) -> bool:
+    """A run has logged into ``run_dir`` (a non-empty ``metrics.jsonl``)."""
+    m = Path(run_dir) / METRICS_FILE
+    return m.is_file() and m.stat().st_size > 0
+
+
+def check_run_dir(cfg, log: Callable[[str], None] = print) -> RunDirLock:
+    """Before any work: the run directory ``trainer.default_local_dir`` is writable, this process holds its lock,
+    and it holds no earlier run unless ``trainer.resume`` or ``trainer.overwrite`` is set. Returns the lock."""
+    key = "trainer.default_local_dir"
+    run_dir = Path(str(cfg.trainer.default_local_dir))
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ValueError(f"{key}={run_dir}: exists and is not a directory")
+    _probe_writable(run_dir, key)
+    held_before = _key(run_dir) in _HELD
+    lock = lock_run_dir(run_dir, log=log)
+    try:
+        if not cfg.trainer.resume and not cfg.trainer.get("overwrite", False) and run_dir_holds_run(run_dir):
+            raise FileExistsError(f"{run_dir} already holds a run ({run_dir / METRICS_FILE}): trainer.resume=true "
+                                  "continues it, trainer.overwrite=true starts it over, or set another "
+                                  "trainer.experiment_name / trainer.default_local_dir")
+    except BaseException:
+        if not held_before:
+            lock.release()
+        raise
+    return lock

@@ -1,0 +1,84 @@
+"""The train command's checks before any work: the config, then the run directory.
+
+:class:`Preflight` is a Hydra callback (``config/base.yaml``: ``hydra.callbacks.preflight``). Hydra calls its
+``on_run_start`` after composing the config and before it makes the run's output directory
+(``hydra.run.dir`` lies inside the run directory), so a bad config or a busy run directory stops the command
+with exit code 2 in a few seconds and leaves no directory behind: no model is loaded, no warm start or Ray is
+started. What it checks (:func:`preflight`): the schema and the cross-key rules (``ragen_turn.config``), that
+the run directory is writable, that no live process holds it (its lock is taken here and held to the end) and
+that it holds no earlier run unless ``trainer.resume`` / ``trainer.overwrite`` say so.
+
+A config that Hydra itself cannot compose (``ppo_epochs=abc`` against the schema's int, an unknown key
+without ``+``) fails before any callback; :func:`exit_code` turns Hydra's exit code 1 into 2 for those.
+"""
+from __future__ import annotations
+
+import copy
+import sys
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+CONFIG_ERRORS = (ValueError, FileNotFoundError, FileExistsError)  # a config or input problem: exit code 2
+_state = {"composed": False}
+
+
+def preflight(cfg: DictConfig) -> None:
+    """Check a resolved task config before any work and take its run directory's lock (see the module doc)."""
+    from pathlib import Path
+
+    from ragen_turn.config import validate_config
+    from ragen_turn.engines import checkpoints
+    from ragen_turn.engines.rundir import check_run_dir
+
+    validate_config(cfg)
+    if cfg.engine.name == "verl":  # verl's own rules (install, placement, batch split over GPUs), before Ray
+        from ragen_turn.engines.verl import check_config
+
+        check_config(cfg)
+    if cfg.trainer.resume and cfg.trainer.get("resume_from"):  # the checkpoint named is there and complete
+        checkpoints.find(Path(cfg.trainer.default_local_dir) / "checkpoints", str(cfg.trainer.resume_from))
+    check_run_dir(cfg)
+
+
+def task_config(config: DictConfig) -> DictConfig:
+    """The job's config from Hydra's (without ``hydra``), resolved as the task function will see it."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from ragen_turn.ragen_keys import apply_ragen_keys
+
+    HydraConfig.instance().set_config(config)  # ${hydra:...} and resolvers reading it work as in the job
+    cfg = copy.deepcopy(config)
+    with open_dict(cfg):
+        del cfg["hydra"]
+    apply_ragen_keys(cfg)  # as train.run does: before resolving, so the run dir follows RAGEN's seed.train
+    OmegaConf.resolve(cfg)
+    return cfg
+
+
+class Preflight(Callback):
+    """Runs :func:`preflight` for ``python -m ragen_turn.train`` before Hydra writes anything."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        _state["composed"] = True
+        if config.hydra.job.name != "train":  # evaluate composes the same base.yaml
+            return
+        try:
+            preflight(task_config(config))
+        except CONFIG_ERRORS as e:
+            print(f"error: {e}", file=sys.stderr)
+            sys.exit(2)
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        _state["composed"] = True  # each job is checked as it starts (its config differs per job)
+
+
+def watch() -> None:
+    """A train command starts: nothing composed yet (see :func:`exit_code`)."""
+    _state["composed"] = False
+
+
+def exit_code(code: Any) -> Any:
+    """Hydra exits with 1 when it cannot compose the config (before :class:`Preflight` ran): a config error, 2."""
+    return 2 if code == 1 and not _state["composed"] else code

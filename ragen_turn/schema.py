@@ -1,0 +1,495 @@
+"""The typed schema of the whole run config: every key, its type and its rule, one line each.
+
+The dataclasses below are registered in Hydra's ConfigStore as ``ragen_turn_schema``, the first entry of
+``config/base.yaml``'s defaults list, so Hydra enforces the types while it composes (``ppo_epochs=abc`` stops
+there) and refuses keys the schema lacks (``algorithm.gama=0.9``). :func:`check_schema` runs again on the
+composed config, before any work: it merges the config into the schema (catching keys added with ``+``,
+which Hydra lets through, and values that interpolations produced), then checks each key's rule. Every
+problem names the key, the value and the rule.
+
+Adding a key: one line in the dataclass of its section, ``name: type = key(<rule>)`` (its default stays in
+the yaml; ``key()`` with no default means the yaml must set it, ``key(None)`` that it is optional). Rules:
+``gt / ge / lt / le`` (numbers; every float must also be finite), ``choices`` (a tuple, or a function that
+returns the names, e.g. a registry), ``pattern`` (a regex the string must match), ``exists`` (a path that must
+exist when set), ``nonempty``, ``length`` and ``each`` (a rule for every element of a list).
+Free-form sections stay open: ``custom_envs.<Tag>.env_config`` (checked against the env's own config
+dataclass by ``ragen_turn.config.validate_config``) and ``engine.verl.overrides`` (raw verl keys).
+"""
+import dataclasses
+import difflib
+import math
+import os
+import re
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
+
+from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+SCHEMA_NAME = "ragen_turn_schema"
+
+
+# ------------------------------------------------------------------------------------------------ rules
+@dataclass(frozen=True)
+class Rule:
+    """What a key's value must satisfy (besides its type). :meth:`broken` says which part a value breaks."""
+
+    gt: Optional[float] = None
+    ge: Optional[float] = None
+    lt: Optional[float] = None
+    le: Optional[float] = None
+    choices: Union[Tuple[Any, ...], Callable[[], Iterable[Any]], None] = None
+    pattern: Optional[str] = None
+    exists: bool = False
+    nonempty: bool = False
+    length: Optional[int] = None
+    each: Optional["Rule"] = None
+
+    def broken(self, v: Any, registries: bool = True) -> Optional[str]:
+        """None when ``v`` follows the rule, else the rule it breaks (``must be > 0``). ``registries=False`` skips
+        choices given by a function (a registry: reading it imports torch)."""
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            if (self.gt is not None and not v > self.gt) or (self.ge is not None and not v >= self.ge) or \
+                    (self.lt is not None and not v < self.lt) or (self.le is not None and not v <= self.le):
+                return f"must be {self.range_text()}"
+        if self.choices is not None and (registries or not callable(self.choices)):
+            known = list(self.choices() if callable(self.choices) else self.choices)
+            if v not in known:
+                return f"must be one of {known}"
+        if self.pattern is not None and not re.fullmatch(self.pattern, str(v)):
+            return f"must match {self.pattern!r}"
+        if self.nonempty and (v is None or len(v) == 0):
+            return "must not be empty"
+        if self.exists and not os.path.exists(os.path.expanduser(str(v))):
+            return "must be an existing path (nothing is downloaded)"
+        if self.length is not None and len(v) != self.length:
+            return f"must have {self.length} elements, has {len(v)}"
+        if self.each is not None:
+            for i, x in enumerate(v):
+                why = self.each.broken(x)
+                if why:
+                    return f"element {i} ({x!r}) {why}"
+        return None
+
+    def range_text(self) -> str:
+        lo = f"[{self.ge}" if self.ge is not None else f"({self.gt}" if self.gt is not None else None
+        hi = f"{self.le}]" if self.le is not None else f"{self.lt})" if self.lt is not None else None
+        if lo and hi:
+            return f"in {lo}, {hi}"
+        if lo:
+            return f"{'>=' if self.ge is not None else '>'} {lo[1:]}"
+        return f"{'<=' if self.le is not None else '<'} {hi[:-1]}"
+
+
+def key(default: Any = MISSING, **rule: Any) -> Any:
+    """A schema field: ``default`` (``MISSING``: the yaml must set it) and its :class:`Rule`."""
+    meta = {"rule": Rule(**rule)} if rule else {}
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def section(cls: type) -> Any:
+    """A nested section (its own dataclass)."""
+    return field(default_factory=cls)
+
+
+UNIT = dict(ge=0.0, le=1.0)
+POSITIVE = dict(gt=0)
+COUNT = dict(ge=1)
+NON_NEGATIVE = dict(ge=0)
+
+
+def _adv_estimators() -> List[str]:
+    from ragen_turn.algos import ADV_ESTIMATOR_REGISTRY
+
+    return sorted(ADV_ESTIMATOR_REGISTRY)
+
+
+def _policy_losses() -> List[str]:
+    from ragen_turn.algos import POLICY_LOSS_REGISTRY
+
+    return sorted(POLICY_LOSS_REGISTRY)
+
+
+# ------------------------------------------------------------------------------------------------ sections
+@dataclass
+class WandbConfig:
+    project: str = key(nonempty=True)
+    mode: str = key(choices=("offline", "online", "disabled"))
+
+
+@dataclass
+class EnvConfigsConfig:
+    tags: List[str] = key(nonempty=True)
+    n_groups: List[int] = key(each=Rule(ge=0))
+
+
+@dataclass
+class SplitConfig:
+    env_groups: int = key(**COUNT)
+    group_size: int = key(**COUNT)
+    env_configs: EnvConfigsConfig = section(EnvConfigsConfig)
+
+
+@dataclass
+class EsManagerConfig:
+    format_penalty: float = key(le=0)  # a penalty: the reward of a malformed answer
+    train: SplitConfig = section(SplitConfig)
+    val: SplitConfig = section(SplitConfig)
+
+
+@dataclass
+class RewardNormalizationConfig:
+    grouping: str = key(choices=("state", "batch"))
+    method: str = key(choices=("identity", "mean_std", "mean"))
+
+
+@dataclass
+class AgentProxyConfig:
+    max_turn: int = key(**COUNT)
+    action_sep: str = key(nonempty=True)
+    max_actions_per_turn: int = key(**COUNT)
+    enable_think: bool = key()
+    max_context_tokens: int = key(**COUNT)
+    include_env_instruction: bool = key()
+    use_turn_scores: bool = key()
+    reward_normalization: RewardNormalizationConfig = section(RewardNormalizationConfig)
+
+
+@dataclass
+class RolloutConfig:
+    temperature: float = key(**POSITIVE)
+    top_p: float = key(gt=0, le=1)
+    response_length: int = key(**COUNT)
+    val_temperature: float = key(**NON_NEGATIVE)  # 0 = greedy
+    rollout_filter_ratio: float = key(gt=0, le=1)
+    rollout_filter_type: str = key(choices=("std", "mean"))
+    micro_batch_size: int = key(**NON_NEGATIVE)  # 0 = the whole env batch
+    prefix_cache: bool = key()
+
+
+@dataclass
+class ActorOptimConfig:
+    lr: float = key(**POSITIVE)
+    weight_decay: float = key(**NON_NEGATIVE)
+    betas: List[float] = key(length=2, each=Rule(ge=0, lt=1))
+
+
+@dataclass
+class PolicyLossConfig:
+    loss_mode: str = key(choices=_policy_losses)
+    ratio_mode: str = key(choices=("sum", "geo_mean"))
+    loss_agg_mode: Optional[str] = key(None, choices=("token-mean", "seq-mean-token-mean", "turn-mean"))
+    clip_bias: bool = key()
+    clip_bias_level: str = key(choices=("sample", "batch"))
+    clip_bias_stat: str = key(choices=("mass", "rms"))
+    clip_bias_threshold: Optional[float] = key(None, **POSITIVE)  # null = the stat's default (1 for mass, 5 for rms)
+
+
+@dataclass
+class ActorConfig:
+    clip_ratio_low: float = key(**NON_NEGATIVE)
+    clip_ratio_high: float = key(**NON_NEGATIVE)
+    clip_ratio_c: Optional[float] = key(None)  # dual clip; loss_settings checks it is > 1
+    entropy_coeff: float = key(**NON_NEGATIVE)
+    use_kl_loss: bool = key()
+    kl_loss_coef: float = key(**NON_NEGATIVE)
+    kl_loss_type: str = key(choices=("kl", "abs", "mse", "low_var_kl"))
+    ppo_epochs: int = key(**COUNT)
+    grad_clip: float = key(**NON_NEGATIVE)  # 0 = no clipping
+    max_update_kl: Optional[float] = key(None, **POSITIVE)  # null = no update-size guard
+    optim: ActorOptimConfig = section(ActorOptimConfig)
+    policy_loss: PolicyLossConfig = section(PolicyLossConfig)
+
+
+@dataclass
+class ActorRolloutRefConfig:
+    rollout: RolloutConfig = section(RolloutConfig)
+    actor: ActorConfig = section(ActorConfig)
+
+
+@dataclass
+class CriticOptimConfig:
+    lr: float = key(**POSITIVE)
+    weight_decay: float = key(**NON_NEGATIVE)
+
+
+@dataclass
+class CriticConfig:
+    level: str = key(choices=("none", "token", "turn"))
+    shared_backbone: bool = key()
+    vf_coef: float = key(**NON_NEGATIVE)
+    cliprange_value: float = key(**POSITIVE)
+    grad_clip: float = key(**NON_NEGATIVE)
+    ppo_epochs: int = key(**COUNT)
+    optim: CriticOptimConfig = section(CriticOptimConfig)
+
+
+@dataclass
+class AlgorithmConfig:
+    adv_estimator: str = key(choices=_adv_estimators)
+    gamma: float = key(**UNIT)
+    lam: float = key(**UNIT)
+    high_level_gamma: float = key(**UNIT)
+    bi_level_gae_turn_ends: str = key(choices=("mask", "rewards"))
+    bootstrap_truncated: bool = key()
+    norm_adv: bool = key()
+    norm_adv_by_std_in_grpo: bool = key()
+
+
+@dataclass
+class AlgoConfig:
+    """The ``algo=`` group: names the pieces that ``algorithm`` / ``actor`` / ``critic`` read."""
+
+    name: str = key(nonempty=True)
+    trainer: str = key(choices=("starpo", "turn"))
+    adv_estimator: str = key(choices=_adv_estimators)
+    critic_level: str = key(choices=("none", "token", "turn"))
+    policy_loss: str = key(choices=_policy_losses)
+    ratio_mode: str = key(choices=("sum", "geo_mean"))
+    gamma: float = key(**UNIT)
+    lam: float = key(**UNIT)
+
+
+@dataclass
+class EnvGroupConfig:
+    """The ``env=`` group: which ``custom_envs`` tags train and validate."""
+
+    name: str = key(nonempty=True)
+    train_tags: List[str] = key(nonempty=True)
+    train_n_groups: List[int] = key(each=Rule(ge=0))
+    val_tags: List[str] = key(nonempty=True)
+    val_n_groups: List[int] = key(each=Rule(ge=0))
+
+
+@dataclass
+class CustomEnvConfig:
+    env_type: str = key(nonempty=True)
+    max_actions_per_traj: Optional[int] = key(None, **COUNT)
+    env_instruction: Optional[str] = key(None)
+    max_tokens: Optional[int] = key(None, **COUNT)
+    env_config: Dict[str, Any] = key({})  # the env's config dataclass checks it (make_env_config)
+
+
+@dataclass
+class TrainerConfig:
+    total_training_steps: int = key(**NON_NEGATIVE)
+    experiment_name: str = key(nonempty=True)
+    default_local_dir: str = key(nonempty=True)  # writable: checked before the run (engines/rundir.py)
+    save_freq: int = key(**NON_NEGATIVE)
+    test_freq: int = key(**NON_NEGATIVE)
+    val_before_train: bool = key()
+    resume: bool = key()
+    resume_from: Optional[str] = key(None, nonempty=True)
+    overwrite: bool = key()
+    time_budget_s: Optional[float] = key(None, **POSITIVE)
+    max_nonfinite_steps: int = key(**COUNT)
+    keep_checkpoints: int = key(**NON_NEGATIVE)  # 0 = keep all
+    collapse_freq: int = key(**NON_NEGATIVE)  # 0 = never
+    collapse_num_samples: Optional[int] = key(None, ge=2)  # null = all
+    n_gpus_per_node: Optional[int] = key(None, **COUNT)  # engine=verl
+    nnodes: Optional[int] = key(None, **COUNT)
+
+
+@dataclass
+class WarmstartConfig:
+    enable: Union[bool, str] = key(choices=(True, False, "auto"))
+    seed: Optional[int] = key(None, **NON_NEGATIVE)
+    episodes: int = key(**COUNT)
+    steps: int = key(**NON_NEGATIVE)
+    batch_size: int = key(**COUNT)
+    lr: float = key(**POSITIVE)
+    actions_per_turn: List[int] = key(nonempty=True, each=Rule(ge=1))
+
+
+@dataclass
+class ModelConfig:
+    name: str = key(nonempty=True)
+    path: Optional[str] = key(exists=True)  # every model yaml sets it (null, or ??? where it must be given)
+    cache_dir: Optional[str] = key(None)
+    dtype: Optional[str] = key(None, choices=("float32", "bfloat16"))
+    # the tiny model's architecture (model=tiny)
+    arch: Optional[str] = key(None, choices=("qwen2", "llama"))
+    hidden_size: Optional[int] = key(None, **COUNT)
+    num_hidden_layers: Optional[int] = key(None, **COUNT)
+    num_attention_heads: Optional[int] = key(None, **COUNT)
+    num_key_value_heads: Optional[int] = key(None, **COUNT)
+    intermediate_size: Optional[int] = key(None, **COUNT)
+    max_position_embeddings: Optional[int] = key(None, **COUNT)
+    tie_word_embeddings: Optional[bool] = key(None)
+    seed: Optional[int] = key(None, **NON_NEGATIVE)
+    warmstart: WarmstartConfig = section(WarmstartConfig)
+
+
+@dataclass
+class VerlEngineConfig:
+    strategy: str = key(choices=("fsdp", "fsdp2", "megatron"))
+    rollout_name: str = key(choices=("vllm", "sglang"))
+    rollout_tp: int = key(**COUNT)
+    gpu_memory_utilization: float = key(gt=0, le=1)
+    prompt_length: int = key(**COUNT)
+    agent_num_workers: int = key(**COUNT)
+    env_threads: int = key(**COUNT)
+    gradient_checkpointing: bool = key()
+    param_offload: bool = key()
+    optimizer_offload: bool = key()
+    ulysses_sequence_parallel_size: int = key(**COUNT)
+    trust_remote_code: bool = key()
+    overrides: Dict[str, Any] = key({})  # raw verl keys, merged last (verl checks them)
+
+
+@dataclass
+class EngineConfig:
+    name: str = key(choices=("local", "verl"))
+    gradient_checkpointing: bool = key(False)  # local engine
+    verl: Optional[VerlEngineConfig] = key(None)
+
+
+@dataclass
+class RunConfig:
+    """The root: ``config/base.yaml`` and its groups (model, env, algo, engine, paper, sweep) compose into it."""
+
+    seed: int = key(**NON_NEGATIVE)
+    env_module: Any = key(None)  # module name(s) imported before the checks (they register envs)
+    ragen_keys: Dict[str, Any] = key({})  # RAGEN's keys from the command line (ragen_turn/ragen_keys.py maps them)
+    ragen_aliases: Dict[str, str] = key({})  # what they set
+    device: str = key(pattern=r"auto|cpu|cuda(:\d+)?")
+    dtype: str = key(choices=("float32", "bfloat16"))
+    logger: str = key(choices=("console", "wandb"))
+    wandb: WandbConfig = section(WandbConfig)
+    model_path: Optional[str] = key(None, exists=True)  # RAGEN's key: same as model.path
+    ppo_mini_batch_size: int = key(**COUNT)
+    micro_batch_size_per_gpu: int = key(**COUNT)
+    ppo_epochs: int = key(**COUNT)
+    es_manager: EsManagerConfig = section(EsManagerConfig)
+    agent_proxy: AgentProxyConfig = section(AgentProxyConfig)
+    actor_rollout_ref: ActorRolloutRefConfig = section(ActorRolloutRefConfig)
+    critic: CriticConfig = section(CriticConfig)
+    algo: AlgoConfig = section(AlgoConfig)
+    algorithm: AlgorithmConfig = section(AlgorithmConfig)
+    env: EnvGroupConfig = section(EnvGroupConfig)
+    custom_envs: Dict[str, CustomEnvConfig] = key({})
+    trainer: TrainerConfig = section(TrainerConfig)
+    model: ModelConfig = section(ModelConfig)
+    engine: EngineConfig = section(EngineConfig)
+    critic_lr_ratio: Optional[float] = key(None, **POSITIVE)  # sweep=critic_lr
+    checkpoint: Optional[str] = key(None, exists=True)  # evaluate: the checkpoint / run dir
+    eval_output: Optional[str] = key(None)  # evaluate: where the JSON goes
+
+
+# ------------------------------------------------------------------------------------------------ checks
+class ConfigError(ValueError):
+    """Bad config values; ``problems`` holds one ``key=value: rule`` line each."""
+
+    def __init__(self, problems: List[str]):
+        self.problems = list(problems)
+        head = self.problems[0] if len(self.problems) == 1 else \
+            f"{len(self.problems)} config problems:\n  " + "\n  ".join(self.problems)
+        super().__init__(head)
+
+
+def register() -> None:
+    """Put :class:`RunConfig` in Hydra's ConfigStore (``config/base.yaml`` names it first in its defaults)."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name=SCHEMA_NAME, node=RunConfig)
+
+
+def _omegaconf_problem(e: OmegaConfBaseException) -> str:
+    """One line from an OmegaConf type / key error: the key, the value and what was wrong."""
+    full_key = getattr(e, "full_key", None) or "?"
+    msg = str(e).split("\n")[0]
+    if "not in" in msg and "Key " in msg:
+        return _unknown_key(full_key)
+    return f"{full_key}: {msg}"
+
+
+def _schema_at(dotted: str) -> Optional[type]:
+    """The dataclass of section ``dotted`` (``actor_rollout_ref.actor``, ``custom_envs.<Tag>``), or None."""
+    cls: Any = RunConfig
+    parts = [p for p in dotted.split(".") if p]
+    i = 0
+    while i < len(parts):
+        hints = typing.get_type_hints(cls) if dataclasses.is_dataclass(cls) else {}
+        if parts[i] not in hints:
+            return None
+        cls = _inner(hints[parts[i]])
+        if typing.get_origin(cls) in (dict, Dict):  # the next part is a key of the mapping
+            cls = _inner(typing.get_args(cls)[1])
+            i += 1
+        i += 1
+    return cls if dataclasses.is_dataclass(cls) else None
+
+
+def _inner(tp: Any) -> Any:
+    """``Optional[X]`` -> ``X``."""
+    if typing.get_origin(tp) is Union:
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return args[0] if len(args) == 1 else tp
+    return tp
+
+
+def _unknown_key(full_key: str) -> str:
+    parent, _, name = full_key.rpartition(".")
+    node = _schema_at(parent)
+    known = sorted(f.name for f in dataclasses.fields(node)) if node is not None else []
+    close = difflib.get_close_matches(name, known, n=1)
+    hint = f"; did you mean {(parent + '.') if parent else ''}{close[0]}?" if close else ""
+    return f"{full_key}: unknown key (the schema, ragen_turn/schema.py, has no such key){hint}"
+
+
+def _walk(node: DictConfig, schema: type, prefix: str, out: List[str], registries: bool) -> None:
+    hints = typing.get_type_hints(schema)
+    # a key added with + to a typed node: Hydra's force-add lets it through, and a merge keeps it
+    out += [_unknown_key(f"{prefix}{k}") for k in node.keys() if k not in hints]
+    for f in dataclasses.fields(schema):
+        name = f"{prefix}{f.name}"
+        if OmegaConf.is_missing(node, f.name):
+            out.append(f"{name}: must be set (it is ??? in the config; give it on the command line: {name}=...)")
+            continue
+        try:
+            v = node[f.name]
+        except OmegaConfBaseException as e:
+            out.append(_omegaconf_problem(e))
+            continue
+        if v is None:
+            continue
+        tp = _inner(hints[f.name])
+        if dataclasses.is_dataclass(tp):
+            _walk(v, tp, name + ".", out, registries)
+            continue
+        if typing.get_origin(tp) in (dict, Dict) and dataclasses.is_dataclass(_inner(typing.get_args(tp)[1])):
+            for k in v:
+                _walk(v[k], _inner(typing.get_args(tp)[1]), f"{name}.{k}.", out, registries)
+            continue
+        plain = OmegaConf.to_container(v, resolve=True) if isinstance(v, (DictConfig, ListConfig)) else v
+        floats = [plain] if tp is float else plain if typing.get_args(tp) == (float,) else []
+        if any(not math.isfinite(x) for x in floats):
+            out.append(f"{name}={plain!r}: must be a finite number")
+            continue
+        rule: Optional[Rule] = f.metadata.get("rule")
+        why = rule.broken(plain, registries) if rule is not None else None
+        if why:
+            out.append(f"{name}={plain!r}: {why}")
+
+
+def check_schema(cfg: Any) -> DictConfig:
+    """Check a composed (or plain) config against :class:`RunConfig`: unknown keys, types, missing values and each
+    key's rule. Returns the typed config; raises :class:`ConfigError` listing every problem."""
+    if OmegaConf.is_config(cfg):  # a merge keeps the schema's default under a ??? value: look first
+        missing = sorted(OmegaConf.missing_keys(cfg))
+        if missing:
+            raise ConfigError([f"{k}: must be set (it is ??? in the config; give it on the command line: {k}=...)"
+                               for k in missing])
+    try:
+        typed = OmegaConf.merge(OmegaConf.structured(RunConfig), cfg)
+    except OmegaConfBaseException as e:
+        raise ConfigError([_omegaconf_problem(e)]) from None
+    for registries in (False, True):  # the registries' names last: most mistakes are reported before torch loads
+        problems: List[str] = []
+        _walk(typed, RunConfig, "", problems, registries)
+        if problems:
+            raise ConfigError(problems)
+    return typed
