@@ -5,18 +5,50 @@ process; ``engine=verl`` hands the same config to the verl engine (multi-GPU).
 """
 from __future__ import annotations
 
+import contextvars
+import hashlib
 import math
+import re
 import sys
 from pathlib import Path
 
 import hydra
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "config")
 
 # ${mul:a,b}: products in configs (e.g. the critic lr as a multiple of the actor's in sweep=critic_lr)
 if not OmegaConf.has_resolver("mul"):
     OmegaConf.register_new_resolver("mul", lambda *xs: math.prod(float(x) for x in xs))
+
+# the override_dirname of a config composed outside a Hydra app (compose_config), read by ${run_overrides:}
+_COMPOSED_OVERRIDES: contextvars.ContextVar[str | None] = contextvars.ContextVar("composed_overrides", default=None)
+MAX_SUFFIX = 120  # longer override lists are cut and keep a hash of the whole list (file names stay < 255 bytes)
+
+
+def run_name_suffix(override_dirname: str) -> str:
+    """``_<k=v,...>`` for a run name from Hydra's ``override_dirname`` (``''`` when empty): characters other
+    than letters, digits and ``._=,+-`` become ``_`` (a ``/`` in a path value would nest directories)."""
+    if not override_dirname:
+        return ""
+    safe = re.sub(r"[^A-Za-z0-9._=,+\-]", "_", override_dirname)
+    if len(safe) > MAX_SUFFIX:
+        safe = safe[:MAX_SUFFIX - 9] + "-" + hashlib.sha256(override_dirname.encode()).hexdigest()[:8]
+    return "_" + safe
+
+
+def _run_overrides() -> str:
+    """``${run_overrides:}``: the run name's suffix from this command's overrides (see ``run_name_suffix``)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    composed = _COMPOSED_OVERRIDES.get()
+    if composed is not None:
+        return run_name_suffix(composed)
+    return run_name_suffix(HydraConfig.get().job.override_dirname) if HydraConfig.initialized() else ""
+
+
+if not OmegaConf.has_resolver("run_overrides"):
+    OmegaConf.register_new_resolver("run_overrides", _run_overrides)
 
 
 def _env_modules_in(overrides: list[str]) -> list:
@@ -80,12 +112,18 @@ def compose_config(overrides: list[str] | None = None) -> DictConfig:
     overrides = move_ragen_overrides(list(overrides or []))
     prepare_envs(overrides)
     if GlobalHydra.instance().is_initialized():  # inside a @hydra.main app (e.g. eval re-composing a run)
-        cfg = compose(config_name="base", overrides=list(overrides or []))
+        cfg = compose(config_name="base", overrides=list(overrides or []), return_hydra_config=True)
     else:
         with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-            cfg = compose(config_name="base", overrides=list(overrides or []))
-    apply_ragen_keys(cfg)  # before resolving: interpolations (the run name's seed) see the mapped values
-    OmegaConf.resolve(cfg)
+            cfg = compose(config_name="base", overrides=list(overrides or []), return_hydra_config=True)
+    token = _COMPOSED_OVERRIDES.set(str(cfg.hydra.job.override_dirname))
+    try:
+        with open_dict(cfg):
+            del cfg["hydra"]
+        apply_ragen_keys(cfg)  # before resolving: interpolations (the run name's seed) see the mapped values
+        OmegaConf.resolve(cfg)
+    finally:
+        _COMPOSED_OVERRIDES.reset(token)
     return cfg
 
 
