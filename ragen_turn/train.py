@@ -11,8 +11,11 @@ import math
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 import hydra
+from hydra.core.utils import JobStatus
+from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "config")
@@ -154,13 +157,56 @@ def quiet_transformers() -> None:
 
 
 @hydra.main(config_path=CONFIG_DIR, config_name="base", version_base="1.3")
-def main(cfg: DictConfig) -> None:
+def main(cfg: DictConfig) -> dict | None:
     quiet_transformers()
     try:
-        run(cfg)
+        out = run(cfg)
     except (ValueError, FileNotFoundError, FileExistsError) as e:  # config / input errors: one clear line
         print(f"error: {e}", file=sys.stderr)
+        _drop_unused_run_dir(cfg)
         sys.exit(2)
+    return out.get("summary") if isinstance(out, dict) else None
+
+
+def _drop_unused_run_dir(cfg: DictConfig) -> None:
+    """A command refused before its first step leaves no run directory behind (only Hydra's files were in it)."""
+    from ragen_turn.engines.rundir import remove_if_unused
+
+    try:
+        out_dir = Path(str(cfg.trainer.default_local_dir))
+    except Exception:  # the config itself did not resolve: nothing was named
+        return
+    remove_if_unused(out_dir)
+
+
+class MultirunSummary(Callback):
+    """``--multirun``: one table at the end, a row per job (run dir, held-out success before / last / best, time)."""
+
+    def __init__(self) -> None:
+        self.rows: list = []
+
+    def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
+        ok = getattr(job_return, "status", None) == JobStatus.COMPLETED
+        value = job_return.return_value if ok else None
+        self.rows.append((value or {}, None if ok else repr(getattr(job_return, "_return_value", "failed"))))
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        from ragen_turn.engines.runlog import fmt_duration
+
+        def num(v):
+            return "-" if v is None else f"{v:.3f}"
+
+        lines = ["", f"[ragen_turn] multirun: {len(self.rows)} job(s)",
+                 "| run | steps | held-out before | last | best (step) | time |", "|---|---|---|---|---|---|"]
+        for s, err in self.rows:
+            if err is not None:
+                lines.append(f"| (failed: {err[:80]}) | | | | | |")
+                continue
+            best = f"{num(s.get('best'))} ({s.get('best_step')})" if s.get("best") is not None else "-"
+            t = fmt_duration(s["elapsed_s"]) if s.get("elapsed_s") is not None else "-"
+            lines.append(f"| {s.get('run', '?')} | {s.get('steps', '-')} | {num(s.get('init'))} | "
+                         f"{num(s.get('last'))} | {best} | {t} |")
+        print("\n".join(lines))
 
 
 def prepare_cli() -> None:

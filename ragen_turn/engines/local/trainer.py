@@ -38,7 +38,17 @@ from ragen_turn.algos import (
 )
 from ragen_turn.config import model_config, validate_config
 from ragen_turn.engines.common import compute_advantages, kept_rows, turn_critic_targets
-from ragen_turn.engines.runlog import append_metrics, episode_metrics, progress_line, run_header, truncate_metrics
+from ragen_turn.engines.rundir import prepare_run_dir
+from ragen_turn.engines.runlog import (
+    append_metrics,
+    episode_metrics,
+    eta,
+    fmt_duration,
+    progress_line,
+    run_header,
+    run_summary,
+    truncate_metrics,
+)
 from ragen_turn.engines.runtime import derived_seed, pick_device, seed_everything
 from ragen_turn.models import CriticModel, load_model_and_tokenizer, logprobs_and_hidden, sequence_logprobs
 from ragen_turn.rollout import ChatFormatter, EnvGroupManager, Trajectory, context_config, run_episodes, throttled
@@ -75,14 +85,9 @@ class StarPOTrainer:
         self.dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[cfg.dtype]
         seed_everything(cfg.seed)
         self.out_dir = Path(cfg.trainer.default_local_dir)
-        existing = self.out_dir / "metrics.jsonl"
-        if not cfg.trainer.resume and not cfg.trainer.get("overwrite", False) and existing.is_file() \
-                and existing.stat().st_size > 0:
-            raise FileExistsError(f"{self.out_dir} already holds a run ({existing}): trainer.resume=true continues "
-                                  "it, trainer.overwrite=true starts it over, or set another trainer.experiment_name "
-                                  "/ trainer.default_local_dir")
-        self.out_dir.mkdir(parents=True, exist_ok=True)
+        prepare_run_dir(self.out_dir, bool(cfg.trainer.resume), bool(cfg.trainer.get("overwrite", False)), log)
         self.ckpt_dir = self.out_dir / "checkpoints"
+        self.started = time.time()
 
         self.actor, self.tokenizer = load_model_and_tokenizer(model_config(cfg), device="cpu", dtype=cfg.dtype)
         self.tokenizer.padding_side = "left"
@@ -352,25 +357,34 @@ class StarPOTrainer:
         return evaluate_policy(self.actor, self.tokenizer, self.cfg, envs or self.val_envs, self.device, prefix,
                                log=throttled(self.log, 20.0))
 
-    def fit(self) -> Dict[str, float]:
+    def fit(self) -> Dict[str, Any]:
+        """Train to ``trainer.total_training_steps``; returns the last step's metrics and, under ``summary``, the
+        end-of-run numbers (held-out before / last / best, elapsed)."""
         cfg = self.cfg.trainer
         total = cfg.total_training_steps
+        if self.step >= total > 0:  # a finished run resumed: nothing to train
+            text, summary = self.summary(note="run already complete")
+            self.log(text + f"\n  to train on: trainer.total_training_steps=<more than {total}> trainer.resume=true")
+            return {"step": self.step, "summary": summary}
         self.log(run_header(self.cfg, type(self).__name__, self.step, len(self.train_envs), self.out_dir, self.device))
-        last: Dict[str, float] = {}
+        last: Dict[str, Any] = {}
         budget = cfg.get("time_budget_s")
-        started = time.time()
+        loop_start = started = time.time()
+        first = self.step
         if self.step == 0 and cfg.val_before_train:
             t = time.time()
-            last = {"step": 0, **self.evaluate()}
-            last["perf/val_s"] = time.time() - t
-            self._write_metrics(last)
-            self.log(progress_line(last))
+            m = {"step": 0, **self.evaluate()}
+            m["perf/val_s"] = time.time() - t
+            self._write_metrics(m)
+            self.log(progress_line(m, total, f"held-out eval {fmt_duration(m['perf/val_s'])}"))
+            last = m
+            started = time.time()  # the ETA counts training steps (and their evaluations) only
         while self.step < total:
             metrics = self.train_step()
             self.step += 1
             metrics["step"] = self.step
             final = self.step == total
-            if budget is not None and not final and time.time() - started >= float(budget):
+            if budget is not None and not final and time.time() - loop_start >= float(budget):
                 self.log(f"[ragen_turn] trainer.time_budget_s={budget} spent after step {self.step}: "
                          f"final evaluation and checkpoint (resume with trainer.resume=true)")
                 final = True
@@ -379,13 +393,21 @@ class StarPOTrainer:
                 metrics.update(self.evaluate())
                 metrics["perf/val_s"] = time.time() - t
             self._write_metrics(metrics)
-            self.log(progress_line(metrics))
+            self.log(progress_line(metrics, total, eta(self.step - first, total - first, time.time() - started)))
             if (cfg.save_freq and self.step % cfg.save_freq == 0) or final:
                 self.save_checkpoint()
             last = metrics
             if final:
                 break
+        text, last["summary"] = self.summary()
+        self.log(text)
         return last
+
+    def summary(self, note: str = ""):
+        """The end-of-run block (held-out before / last / best, elapsed, paths, next commands) and its numbers."""
+        latest = self.ckpt_dir / "latest"
+        ckpt = self.ckpt_dir / latest.read_text().strip() if latest.is_file() else None
+        return run_summary(self.cfg, self.out_dir, None if note else time.time() - self.started, ckpt, note)
 
     # -------------------------------------------------------------------------------- logging
     def _write_metrics(self, metrics: Dict[str, float]) -> None:
