@@ -5,9 +5,20 @@ composed config before building anything: each bad value raises a ``ValueError``
 """
 from __future__ import annotations
 
-from typing import Any, Dict
+import difflib
+import functools
+from importlib.util import find_spec
+from pathlib import Path
+from typing import Any, Dict, FrozenSet, Iterator, Tuple
 
 from omegaconf import DictConfig, OmegaConf
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "config"
+# keys that code reads but no file in config/ sets (given on the command line as +key=...)
+EXTRA_KEYS = {"checkpoint": "ragen_turn.evaluate (eval.sh)", "eval_output": "ragen_turn.evaluate"}
+# sections whose keys are open: the env tags (each env's config class checks its own keys) and Hydra's
+OPEN_SECTIONS = ("custom_envs", "hydra")
+LOGGERS = ("console", "wandb")
 
 TRAINER_NAMES = ("starpo", "turn")
 # the critic each advantage estimator reads (none: no critic is built)
@@ -33,6 +44,64 @@ def model_config(cfg: DictConfig) -> Dict[str, Any]:
     return m
 
 
+def _paths(node: Any, prefix: str = "") -> Iterator[Tuple[str, bool]]:
+    """``(dotted path, is_open)`` of every key under ``node`` (a section and its keys); ``is_open`` marks an empty
+    mapping (a section meant to be filled in, e.g. ``ragen_keys: {}``)."""
+    if isinstance(node, (dict, DictConfig)):
+        items = node.items_ex(resolve=False) if isinstance(node, DictConfig) else node.items()
+        for k, v in items:
+            path = f"{prefix}{k}"
+            is_map = isinstance(v, (dict, DictConfig))
+            yield path, is_map and len(v) == 0
+            if is_map:
+                yield from _paths(v, path + ".")
+
+
+@functools.lru_cache(maxsize=1)
+def known_keys() -> Tuple[FrozenSet[str], Tuple[str, ...]]:
+    """``(keys, open sections)``: every key path some file in ``config/`` sets (all are ``@package _global_``),
+    plus ``EXTRA_KEYS``. The config schema of the reliability work can replace this with its dataclasses."""
+    keys, open_ = set(EXTRA_KEYS), list(OPEN_SECTIONS)
+    for f in sorted(CONFIG_DIR.rglob("*.yaml")):
+        node = OmegaConf.load(f)
+        for path, is_open in _paths({k: v for k, v in node.items_ex(resolve=False) if k != "defaults"}):
+            keys.add(path)
+            if is_open:
+                open_.append(path)
+    return frozenset(keys), tuple(open_)
+
+
+def check_known_keys(cfg: DictConfig) -> None:
+    """Refuse a key that nothing reads (``+algorithm.gama=0.9``, a typo Hydra's own hint leads to), naming it and
+    the nearest known key."""
+    keys, open_ = known_keys()
+    for path, _ in _paths(cfg):
+        if path in keys or any(path == o or path.startswith(o + ".") for o in open_):
+            continue
+        near = difflib.get_close_matches(path, sorted(keys), n=1, cutoff=0.75)
+        hint = f"; did you mean {near[0]}?" if near else ""
+        raise ValueError(f"unknown config key {path}: nothing reads it (a key added with + must be one that "
+                         f"config/*.yaml defines){hint}")
+
+
+def check_missing_and_optional(cfg: DictConfig) -> None:
+    """Mandatory values left unset (``???``), and packages an option needs that are not installed, before any
+    work."""
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    if "model.path" in missing and cfg.get("model_path"):  # RAGEN's top-level model_path stands in for it
+        missing.remove("model.path")
+    if "model.path" in missing:
+        raise ValueError(f"model.path is required for model={cfg.model.get('name', '?')}: "
+                         "model.path=/path/to/a/local/huggingface/checkpoint (nothing is downloaded)")
+    if missing:
+        raise ValueError(f"{missing[0]} is required (no default): set {missing[0]}=...")
+    if cfg.logger not in LOGGERS:
+        raise ValueError(f"logger must be one of {list(LOGGERS)}, got {cfg.logger!r}")
+    if cfg.logger == "wandb" and find_spec("wandb") is None:
+        raise ValueError("logger=wandb needs the wandb package, which is not installed: bash scripts/install.sh "
+                         "installs it (or .venv/bin/pip install wandb)")
+
+
 def validate_config(cfg: DictConfig) -> None:
     """Check a composed config before any work; raise ``ValueError`` naming the bad key.
 
@@ -48,6 +117,8 @@ def validate_config(cfg: DictConfig) -> None:
 
     apply_ragen_keys(cfg)
     import_env_modules(cfg.get("env_module"))
+    check_known_keys(cfg)
+    check_missing_and_optional(cfg)
 
     adv = cfg.algorithm.adv_estimator
     if adv not in ADV_ESTIMATOR_REGISTRY:

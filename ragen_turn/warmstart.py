@@ -23,6 +23,7 @@ from typing import Any, Dict, List
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from ragen_turn.engines.runlog import eta
 from ragen_turn.models import default_cache_root, sequence_logprobs
 from ragen_turn.rollout import (
     ChatFormatter,
@@ -146,7 +147,7 @@ def sft(model: torch.nn.Module, demos: Trajectory, cfg: DictConfig, device: torc
     n = demos.batch_size
     order = torch.randperm(n, generator=g)
     pos = 0
-    t0 = time.time()
+    t0 = shown = time.time()
     losses: List[float] = []
     for step in range(int(ws.steps)):
         if pos + ws.batch_size > n:
@@ -162,8 +163,12 @@ def sft(model: torch.nn.Module, demos: Trajectory, cfg: DictConfig, device: torc
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         losses.append(loss.item())
-        if (step + 1) % max(1, int(ws.steps) // 5) == 0 or step == 0:
-            log(f"[warmstart] sft step {step + 1}/{ws.steps}  nll {loss.item():.4f}  {time.time() - t0:.0f}s")
+        done = step + 1
+        if done % max(1, int(ws.steps) // 20) == 0 or done in (1, int(ws.steps)) or time.time() - shown >= 30:
+            shown = time.time()
+            recent = losses[-max(1, int(ws.steps) // 20):]
+            log(f"[warmstart] sft step {done}/{ws.steps}  nll {sum(recent) / len(recent):.4f}  "
+                f"{eta(done, int(ws.steps), shown - t0)}")
     model.eval()
     return {"sft/final_nll": float(sum(losses[-10:]) / max(len(losses[-10:]), 1)), "sft/seconds": time.time() - t0,
             "sft/steps": float(ws.steps), "sft/demo_episodes": float(n)}

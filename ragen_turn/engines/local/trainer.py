@@ -372,6 +372,8 @@ class StarPOTrainer:
         loop_start = started = time.time()
         first = self.step
         if self.step == 0 and cfg.val_before_train:
+            then = f"every {cfg.test_freq} steps and at the end" if cfg.test_freq else "at the end"
+            self.log(f"[ragen_turn] held-out evaluation before RL: {len(self.val_envs)} episodes (then {then})")
             t = time.time()
             m = {"step": 0, **self.evaluate()}
             m["perf/val_s"] = time.time() - t
