@@ -27,6 +27,7 @@ def test_overrides_that_change_the_run_are_in_its_name():
         assert _dir(o) == main, o
     assert _dir("logger=wandb") != main  # a run of its own (the README's wandb line after the main run)
     assert _dir("seed=3") == "runs/sokoban_turn_ppo_tiny_s3" and _dir("algo=grpo") == "runs/sokoban_grpo_tiny_s0"
+    assert _dir("seed.train=7") == "runs/sokoban_turn_ppo_tiny_s7"  # RAGEN's seed key: in the name as s7 only
 
 
 def test_suffix_is_a_safe_file_name_of_bounded_length():
