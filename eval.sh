@@ -9,5 +9,5 @@ if [ $# -lt 2 ]; then
   exit 2
 fi
 ENV_NAME=$1; CKPT=$2; shift 2
-PY=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
+. scripts/python.sh
 exec "$PY" -m ragen_turn.evaluate env="$ENV_NAME" +checkpoint="$CKPT" "$@"

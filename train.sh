@@ -16,5 +16,5 @@ for a in "$@"; do
   case "$a" in --multirun|-m) args+=("hydra.mode=MULTIRUN") ;; *) args+=("$a") ;; esac
 done
 set -- "${args[@]+"${args[@]}"}"
-PY=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
+. scripts/python.sh
 exec "$PY" -m ragen_turn.train env="$ENV_NAME" algo="$ALGO" "$@"

@@ -7,11 +7,14 @@ ones that read several keys.
 """
 from __future__ import annotations
 
+from importlib.util import find_spec
 from typing import Any, Dict, List
 
 from omegaconf import DictConfig, OmegaConf
 
 from ragen_turn.schema import ConfigError, check_schema
+
+LOGGERS = ("console", "wandb")
 
 # the critic each advantage estimator reads (none: no critic is built)
 CRITIC_LEVEL_OF = {"grpo": "none", "token_gae": "token", "bi_level_gae": "token", "turn_gae": "turn"}
@@ -59,6 +62,24 @@ def _check_policy_loss(cfg: DictConfig) -> None:
         raise ValueError(where + str(e)) from None
 
 
+def check_missing_and_optional(cfg: DictConfig) -> None:
+    """Mandatory values left unset (``???``), and packages an option needs that are not installed, before any
+    work."""
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    if "model.path" in missing and cfg.get("model_path"):  # RAGEN's top-level model_path stands in for it
+        missing.remove("model.path")
+    if "model.path" in missing:
+        raise ValueError(f"model.path is required for model={cfg.model.get('name', '?')}: "
+                         "model.path=/path/to/a/local/huggingface/checkpoint (nothing is downloaded)")
+    if missing:
+        raise ValueError(f"{missing[0]} is required (no default): set {missing[0]}=...")
+    if cfg.logger not in LOGGERS:
+        raise ValueError(f"logger must be one of {list(LOGGERS)}, got {cfg.logger!r}")
+    if cfg.logger == "wandb" and find_spec("wandb") is None:
+        raise ValueError("logger=wandb needs the wandb package, which is not installed: bash scripts/install.sh "
+                         "installs it (or .venv/bin/pip install wandb)")
+
+
 def validate_config(cfg: DictConfig) -> None:
     """Check a composed config before any work; raise ``ValueError`` (a :class:`ConfigError`) naming each bad key,
     its value and the rule.
@@ -73,6 +94,7 @@ def validate_config(cfg: DictConfig) -> None:
 
     apply_ragen_keys(cfg)
     import_env_modules(cfg.get("env_module"))
+    check_missing_and_optional(cfg)
     typed = check_schema(cfg)
     problems = [p for check in CROSS_CHECKS for p in check(typed)]
     if problems:

@@ -224,9 +224,10 @@ def best_eval(run: Run, key: str) -> float:
 
 
 def steps_to_threshold(run: Run, threshold: float, key: str = VAL_SUCCESS) -> Optional[int]:
-    """First evaluated step where ``key`` >= threshold, or None."""
+    """First evaluated step after step 0 where ``key`` >= threshold, or None (a warm start already above the
+    threshold does not count as reaching it at step 0)."""
     for s, v in zip(*run.series(key)):
-        if _finite(v) and v >= threshold:
+        if s > 0 and _finite(v) and v >= threshold:
             return s
     return None
 
@@ -359,7 +360,7 @@ def header_notes(keys: Sequence[str], threshold: float, smooth_window: int) -> L
         "checkpoint), then mean ± std over runs.",
         f"- **train success (last {TRAIN_TAIL})**: mean of `env/success` over a run's last {TRAIN_TAIL} "
         "training steps.",
-        f"- **steps to {threshold:g}**: first evaluated step at which held-out success >= {threshold:g}; "
+        f"- **steps to {threshold:g}**: first evaluated step after step 0 at which held-out success >= {threshold:g}; "
         "mean ± std over the runs that reached it, (reached/runs); `not reached` if none did.",
         f"- **collapse**: largest drop of the training success curve (`env/success`){sm} below its running "
         "maximum, max over steps; 0 = never fell. Mean ± std over runs.",
@@ -529,16 +530,38 @@ def write_plots(groups: Sequence[Tuple[str, List[Run]]], out: Path, smooth_windo
 
 
 # ------------------------------------------------------------------------------------------------ report
-def build_report(paths: Sequence[str], out: str | Path = "docs/results", group_by: Sequence[str] = ("algo.name",),
+SEPARATE_BY = ("env.name", "model.name")  # never averaged together: added to the group keys when runs differ in them
+
+
+def default_out(paths: Sequence[str]) -> Path:
+    """``<the paths' common directory>/report``: beside the runs, never in the repository's docs."""
+    common = Path(os.path.commonpath([str(Path(p).resolve()) for p in paths]))
+    if common.is_file():
+        common = common.parent
+    return common / "report"
+
+
+def group_keys(runs: Sequence[Run], group_by: Sequence[str]) -> List[str]:
+    """``group_by`` with ``env.name`` / ``model.name`` in front when the runs differ in them (a Sokoban and a
+    WebShop ``turn_ppo`` run are two groups, not one average)."""
+    keys = list(group_by)
+    for k in reversed(SEPARATE_BY):
+        if k not in keys and len({str(get_key(r.config, k)) for r in runs}) > 1:
+            keys.insert(0, k)
+    return keys
+
+
+def build_report(paths: Sequence[str], out: str | Path | None = None, group_by: Sequence[str] = ("algo.name",),
                  threshold: float = 0.5, smooth_window: int = 1, plots: bool = True) -> str:
-    """Read the runs under ``paths``, write ``results.md`` (and the PNGs) to ``out``; return the Markdown."""
+    """Read the runs under ``paths``, write ``results.md`` (and the PNGs) to ``out`` (default
+    :func:`default_out`); return the Markdown."""
     run_dirs = find_runs(paths)
     if not run_dirs:
         raise FileNotFoundError(f"no runs (directories with metrics.jsonl) under {', '.join(map(str, paths))}")
     runs = [load_run(d) for d in run_dirs]
-    keys = list(group_by)
+    keys = group_keys(runs, group_by)
     groups = group_runs(runs, keys)
-    out = Path(out)
+    out = Path(out) if out is not None else default_out(paths)
     out.mkdir(parents=True, exist_ok=True)
 
     plot_note = "Plots: skipped (--no-plots)."
@@ -644,12 +667,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("paths", nargs="*", help="run directories or directories holding runs (searched recursively); "
                                              "with --list-jobs: Hydra overrides")
     ap.add_argument("--group-by", default="algo.name",
-                    help="comma-separated dotted config keys that label a group (default algo.name), "
-                         "e.g. algo.name,algorithm.gamma,algorithm.lam")
+                    help="comma-separated dotted config keys that label a group (default algo.name; env.name and "
+                         "model.name are added when the runs differ in them), e.g. algo.name,algorithm.gamma,algorithm.lam")
     ap.add_argument("--threshold", type=float, default=0.5, help="held-out success level for 'steps to' (0.5)")
     ap.add_argument("--smooth", type=int, default=1,
                     help="moving-average window over training steps for the collapse measure and train curves (1)")
-    ap.add_argument("--out", default="docs/results", help="output directory (docs/results)")
+    ap.add_argument("--out", default=None, help="output directory (default: <the runs' common directory>/report)")
     ap.add_argument("--no-plots", action="store_true", help="write the table only")
     ap.add_argument("--list-jobs", action="store_true",
                     help="list the jobs a --multirun with these overrides launches (no training), e.g. "
@@ -661,13 +684,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if not args.paths:
         ap.error("give at least one run directory (or a directory of runs)")
     keys = [k.strip() for k in args.group_by.split(",") if k.strip()]
+    out = Path(args.out) if args.out else default_out(args.paths)
     try:
-        text = build_report(args.paths, args.out, keys, args.threshold, max(1, args.smooth), plots=not args.no_plots)
+        text = build_report(args.paths, out, keys, args.threshold, max(1, args.smooth), plots=not args.no_plots)
     except FileNotFoundError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(text)
-    print(f"wrote {Path(args.out) / 'results.md'}", file=sys.stderr)
+    print(f"wrote {out / 'results.md'}", file=sys.stderr)
     return 0
 
 

@@ -131,6 +131,7 @@ class SplitConfig:
     env_groups: int = key(**COUNT)
     group_size: int = key(**COUNT)
     env_configs: EnvConfigsConfig = section(EnvConfigsConfig)
+    seeds: str = key("heldout", choices=("heldout", "dev"))  # val: heldout, or dev (a second range for tuning)
 
 
 @dataclass
@@ -277,6 +278,7 @@ class CustomEnvConfig:
 class TrainerConfig:
     total_training_steps: int = key(**NON_NEGATIVE)
     experiment_name: str = key(nonempty=True)
+    runs_dir: str = key("runs", nonempty=True)  # where runs go ($RAGEN_TURN_RUNS_DIR)
     default_local_dir: str = key(nonempty=True)  # writable: checked before the run (engines/rundir.py)
     save_freq: int = key(**NON_NEGATIVE)
     test_freq: int = key(**NON_NEGATIVE)
@@ -302,6 +304,7 @@ class WarmstartConfig:
     batch_size: int = key(**COUNT)
     lr: float = key(**POSITIVE)
     actions_per_turn: List[int] = key(nonempty=True, each=Rule(ge=1))
+    fit_turn_budget: bool = key(False)  # each answer gives at least ceil(solution left / turns left) actions
 
 
 @dataclass
@@ -370,7 +373,9 @@ class RunConfig:
     algo: AlgoConfig = section(AlgoConfig)
     algorithm: AlgorithmConfig = section(AlgorithmConfig)
     env: EnvGroupConfig = section(EnvGroupConfig)
-    custom_envs: Dict[str, CustomEnvConfig] = key({})
+    # each tag is checked as a CustomEnvConfig; the node itself stays an open mapping, so a new tag can be added
+    # on the command line (OmegaConf cannot add a plain dict to a Dict[str, dataclass] node)
+    custom_envs: Dict[str, Any] = field(default_factory=dict, metadata={"each": CustomEnvConfig})
     trainer: TrainerConfig = section(TrainerConfig)
     model: ModelConfig = section(ModelConfig)
     engine: EngineConfig = section(EngineConfig)
@@ -415,12 +420,24 @@ def _schema_at(dotted: str) -> Optional[type]:
         hints = typing.get_type_hints(cls) if dataclasses.is_dataclass(cls) else {}
         if parts[i] not in hints:
             return None
+        each = _field_each(cls, parts[i])
         cls = _inner(hints[parts[i]])
-        if typing.get_origin(cls) in (dict, Dict):  # the next part is a key of the mapping
+        if each is not None:
+            cls = each
+            i += 1
+        elif typing.get_origin(cls) in (dict, Dict):  # the next part is a key of the mapping
             cls = _inner(typing.get_args(cls)[1])
             i += 1
         i += 1
     return cls if dataclasses.is_dataclass(cls) else None
+
+
+def _field_each(cls: Any, name: str) -> Optional[type]:
+    """The dataclass every value of mapping field ``name`` is checked against (``metadata['each']``), or None."""
+    if not dataclasses.is_dataclass(cls):
+        return None
+    f = {f.name: f for f in dataclasses.fields(cls)}.get(name)
+    return f.metadata.get("each") if f is not None else None
 
 
 def _inner(tp: Any) -> Any:
@@ -446,6 +463,10 @@ def _walk(node: DictConfig, schema: type, prefix: str, out: List[str], registrie
     out += [_unknown_key(f"{prefix}{k}") for k in node.keys() if k not in hints]
     for f in dataclasses.fields(schema):
         name = f"{prefix}{f.name}"
+        if f.name not in node:  # an untyped entry (a custom_envs tag added on the command line): its defaults hold
+            if f.default is MISSING and f.default_factory is dataclasses.MISSING:
+                out.append(f"{name}: must be set (give it on the command line: {name}=...)")
+            continue
         if OmegaConf.is_missing(node, f.name):
             out.append(f"{name}: must be set (it is ??? in the config; give it on the command line: {name}=...)")
             continue
@@ -457,6 +478,10 @@ def _walk(node: DictConfig, schema: type, prefix: str, out: List[str], registrie
         if v is None:
             continue
         tp = _inner(hints[f.name])
+        if f.metadata.get("each") is not None:
+            for k in v:
+                _walk(v[k], f.metadata["each"], f"{name}.{k}.", out, registries)
+            continue
         if dataclasses.is_dataclass(tp):
             _walk(v, tp, name + ".", out, registries)
             continue

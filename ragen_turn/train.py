@@ -5,12 +5,18 @@ process; ``engine=verl`` hands the same config to the verl engine (multi-GPU).
 """
 from __future__ import annotations
 
+import contextvars
+import hashlib
 import math
+import re
 import sys
 from pathlib import Path
+from typing import Any
 
 import hydra
-from omegaconf import DictConfig, OmegaConf
+from hydra.core.utils import JobStatus
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from ragen_turn import schema
 from ragen_turn.preflight import CONFIG_ERRORS, exit_code, watch
@@ -21,6 +27,35 @@ schema.register()  # config/base.yaml's first default: the typed schema, enforce
 # ${mul:a,b}: products in configs (e.g. the critic lr as a multiple of the actor's in sweep=critic_lr)
 if not OmegaConf.has_resolver("mul"):
     OmegaConf.register_new_resolver("mul", lambda *xs: math.prod(float(x) for x in xs))
+
+# the override_dirname of a config composed outside a Hydra app (compose_config), read by ${run_overrides:}
+_COMPOSED_OVERRIDES: contextvars.ContextVar[str | None] = contextvars.ContextVar("composed_overrides", default=None)
+MAX_SUFFIX = 120  # longer override lists are cut and keep a hash of the whole list (file names stay < 255 bytes)
+
+
+def run_name_suffix(override_dirname: str) -> str:
+    """``_<k=v,...>`` for a run name from Hydra's ``override_dirname`` (``''`` when empty): characters other
+    than letters, digits and ``._=,+-`` become ``_`` (a ``/`` in a path value would nest directories)."""
+    if not override_dirname:
+        return ""
+    safe = re.sub(r"[^A-Za-z0-9._=,+\-]", "_", override_dirname)
+    if len(safe) > MAX_SUFFIX:
+        safe = safe[:MAX_SUFFIX - 9] + "-" + hashlib.sha256(override_dirname.encode()).hexdigest()[:8]
+    return "_" + safe
+
+
+def _run_overrides() -> str:
+    """``${run_overrides:}``: the run name's suffix from this command's overrides (see ``run_name_suffix``)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    composed = _COMPOSED_OVERRIDES.get()
+    if composed is not None:
+        return run_name_suffix(composed)
+    return run_name_suffix(HydraConfig.get().job.override_dirname) if HydraConfig.initialized() else ""
+
+
+if not OmegaConf.has_resolver("run_overrides"):
+    OmegaConf.register_new_resolver("run_overrides", _run_overrides)
 
 
 def _env_modules_in(overrides: list[str]) -> list:
@@ -84,12 +119,18 @@ def compose_config(overrides: list[str] | None = None) -> DictConfig:
     overrides = move_ragen_overrides(list(overrides or []))
     prepare_envs(overrides)
     if GlobalHydra.instance().is_initialized():  # inside a @hydra.main app (e.g. eval re-composing a run)
-        cfg = compose(config_name="base", overrides=list(overrides or []))
+        cfg = compose(config_name="base", overrides=list(overrides or []), return_hydra_config=True)
     else:
         with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-            cfg = compose(config_name="base", overrides=list(overrides or []))
-    apply_ragen_keys(cfg)  # before resolving: interpolations (the run name's seed) see the mapped values
-    OmegaConf.resolve(cfg)
+            cfg = compose(config_name="base", overrides=list(overrides or []), return_hydra_config=True)
+    token = _COMPOSED_OVERRIDES.set(str(cfg.hydra.job.override_dirname))
+    try:
+        with open_dict(cfg):
+            del cfg["hydra"]
+        apply_ragen_keys(cfg)  # before resolving: interpolations (the run name's seed) see the mapped values
+        OmegaConf.resolve(cfg)
+    finally:
+        _COMPOSED_OVERRIDES.reset(token)
     return cfg
 
 
@@ -120,18 +161,61 @@ def quiet_transformers() -> None:
 
 
 @hydra.main(config_path=CONFIG_DIR, config_name="base", version_base="1.3")
-def main(cfg: DictConfig) -> None:
+def main(cfg: DictConfig) -> dict | None:
     from ragen_turn.engines.rundir import DiskFull, TrainingStopped
 
     quiet_transformers()
     try:
-        run(cfg)
+        out = run(cfg)
     except CONFIG_ERRORS as e:  # config / input errors: one clear line, exit code 2
         print(f"error: {e}", file=sys.stderr)
+        _drop_unused_run_dir(cfg)
         sys.exit(2)
     except (DiskFull, TrainingStopped) as e:  # one line: what happened and the checkpoint to go back to
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
+    return out.get("summary") if isinstance(out, dict) else None
+
+
+def _drop_unused_run_dir(cfg: DictConfig) -> None:
+    """A command refused before its first step leaves no run directory behind (only Hydra's files were in it)."""
+    from ragen_turn.engines.rundir import remove_if_unused
+
+    try:
+        out_dir = Path(str(cfg.trainer.default_local_dir))
+    except Exception:  # the config itself did not resolve: nothing was named
+        return
+    remove_if_unused(out_dir)
+
+
+class MultirunSummary(Callback):
+    """``--multirun``: one table at the end, a row per job (run dir, held-out success before / last / best, time)."""
+
+    def __init__(self) -> None:
+        self.rows: list = []
+
+    def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
+        ok = getattr(job_return, "status", None) == JobStatus.COMPLETED
+        value = job_return.return_value if ok else None
+        self.rows.append((value or {}, None if ok else repr(getattr(job_return, "_return_value", "failed"))))
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        from ragen_turn.engines.runlog import fmt_duration
+
+        def num(v):
+            return "-" if v is None else f"{v:.3f}"
+
+        lines = ["", f"[ragen_turn] multirun: {len(self.rows)} job(s)",
+                 "| run | steps | held-out before | last | best (step) | time |", "|---|---|---|---|---|---|"]
+        for s, err in self.rows:
+            if err is not None:
+                lines.append(f"| (failed: {err[:80]}) | | | | | |")
+                continue
+            best = f"{num(s.get('best'))} ({s.get('best_step')})" if s.get("best") is not None else "-"
+            t = fmt_duration(s["elapsed_s"]) if s.get("elapsed_s") is not None else "-"
+            lines.append(f"| {s.get('run', '?')} | {s.get('steps', '-')} | {num(s.get('init'))} | "
+                         f"{num(s.get('last'))} | {best} | {t} |")
+        print("\n".join(lines))
 
 
 def prepare_cli() -> None:

@@ -23,6 +23,7 @@ from typing import Any, Dict, List
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from ragen_turn.engines.runlog import eta
 from ragen_turn.models import default_cache_root, sequence_logprobs
 from ragen_turn.rollout import (
     ChatFormatter,
@@ -74,7 +75,9 @@ def warmstart_enabled(cfg: DictConfig, log=print) -> bool:
 
 
 def demo_responder(cfg: DictConfig, seed: int):
-    """``respond(slot) -> str``: the next 1..k solver actions in the answer format."""
+    """``respond(slot) -> str``: the next 1..k solver actions in the answer format (``k`` drawn from
+    ``warmstart.actions_per_turn``; with ``warmstart.fit_turn_budget`` at least ``ceil(solution left / turns
+    left)``, so a demonstration finishes within ``agent_proxy.max_turn`` whenever the solution allows)."""
     ws = cfg.model.warmstart
     apt = ws.actions_per_turn
     lo, hi = (apt, apt) if isinstance(apt, int) else (int(apt[0]), int(apt[-1]))
@@ -82,12 +85,20 @@ def demo_responder(cfg: DictConfig, seed: int):
     sep = f" {cfg.agent_proxy.action_sep} "
     think = cfg.agent_proxy.enable_think
 
+    fit = bool(ws.get("fit_turn_budget", False))
+    turns_taken: Dict[int, int] = {}  # answers given so far per slot (one episode per slot)
+
     def respond(slot: EnvSlot) -> str:
         env = slot.env
         plan = env.solve() if hasattr(env, "solve") else None
         if plan is None:
             raise ValueError(f"env {type(env).__name__} cannot produce demonstrations (no solve() or unsolvable state)")
-        k = rng.randint(int(lo), int(min(hi, cfg.agent_proxy.max_actions_per_turn)))
+        cap = int(cfg.agent_proxy.max_actions_per_turn)
+        k = rng.randint(int(lo), int(min(hi, cap)))
+        turn = turns_taken.get(id(slot), 0)
+        turns_taken[id(slot)] = turn + 1
+        if fit:  # enough actions per answer that the rest of the solution fits the turns left
+            k = max(k, min(cap, -(-len(plan) // max(1, int(cfg.agent_proxy.max_turn) - turn))))
         actions = [_action_name(env, a) for a in list(plan)[:k]] or [_action_name(env, env.get_all_actions()[0])]
         body = f"<answer>{sep.join(actions)}</answer>"
         if think:
@@ -146,7 +157,7 @@ def sft(model: torch.nn.Module, demos: Trajectory, cfg: DictConfig, device: torc
     n = demos.batch_size
     order = torch.randperm(n, generator=g)
     pos = 0
-    t0 = time.time()
+    t0 = shown = time.time()
     losses: List[float] = []
     for step in range(int(ws.steps)):
         if pos + ws.batch_size > n:
@@ -162,8 +173,12 @@ def sft(model: torch.nn.Module, demos: Trajectory, cfg: DictConfig, device: torc
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         losses.append(loss.item())
-        if (step + 1) % max(1, int(ws.steps) // 5) == 0 or step == 0:
-            log(f"[warmstart] sft step {step + 1}/{ws.steps}  nll {loss.item():.4f}  {time.time() - t0:.0f}s")
+        done = step + 1
+        if done % max(1, int(ws.steps) // 20) == 0 or done in (1, int(ws.steps)) or time.time() - shown >= 30:
+            shown = time.time()
+            recent = losses[-max(1, int(ws.steps) // 20):]
+            log(f"[warmstart] sft step {done}/{ws.steps}  nll {sum(recent) / len(recent):.4f}  "
+                f"{eta(done, int(ws.steps), shown - t0)}")
     model.eval()
     return {"sft/final_nll": float(sum(losses[-10:]) / max(len(losses[-10:]), 1)), "sft/seconds": time.time() - t0,
             "sft/steps": float(ws.steps), "sft/demo_episodes": float(n)}

@@ -214,7 +214,7 @@ MAPPED = [  # RAGEN override(s) -> our key: value in the resolved config
     (["trainer.logger=[console,wandb]"], {"logger": "wandb"}),
     (["trainer.logger=[console]"], {"logger": "console"}),
     (["trainer.project_name=myproj"], {"wandb.project": "myproj"}),
-    (["seed.train=7"], {"seed": 7, "trainer.experiment_name": "sokoban_turn_ppo_tiny_s7"}),
+    (["seed.train=7"], {"seed": 7}),  # the run name: tests/test_run_names.py
     (["agent_proxy.max_context_window=-1", "agent_proxy.context_window_mode=full"], {"agent_proxy.max_turn": 2}),
     (["actor_rollout_ref.rollout.rollout_filter_value=0.5", "actor_rollout_ref.rollout.rollout_filter_strategy=top_k"],
      {"actor_rollout_ref.rollout.rollout_filter_ratio": 0.5}),

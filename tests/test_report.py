@@ -13,11 +13,11 @@ from ragen_turn import report
 N = None  # null in metrics.jsonl
 
 
-def write_run(root, name, algo, seed, rows, total=4, tail=""):
+def write_run(root, name, algo, seed, rows, total=4, tail="", env="sokoban"):
     """A run directory as the trainers write it: config.yaml + metrics.jsonl (rows = dicts, one per step)."""
     d = root / name
     d.mkdir(parents=True)
-    cfg = {"seed": seed, "algo": {"name": algo}, "env": {"name": "sokoban"}, "model": {"name": "tiny"},
+    cfg = {"seed": seed, "algo": {"name": algo}, "env": {"name": env}, "model": {"name": "tiny"},
            "algorithm": {"gamma": 0.99, "lam": 0.9}, "trainer": {"total_training_steps": total}}
     (d / "config.yaml").write_text(yaml.safe_dump(cfg))
     if rows is not None:
@@ -134,7 +134,7 @@ def test_threshold_option(runs_dir, tmp_path):
     text = report.build_report([str(runs_dir)], tmp_path / "o", threshold=0.25, plots=False)
     assert "steps to 0.25" in text
     turn = next(ln for ln in text.splitlines() if ln.startswith("| turn_ppo |"))
-    assert "| 1 ± 1 (3/3) |" in turn  # steps 0, 2, 2
+    assert "| 2 ± 0 (3/3) |" in turn  # evaluated at 0 (above 0.25: the warm start), 2, 2: step 0 does not count
 
 
 def test_plots_written(runs_dir, tmp_path):
@@ -210,3 +210,23 @@ def test_pass_at_k_and_collapse_columns_appear_when_logged(tmp_path):
     row = next(line for line in text.splitlines() if line.startswith("| turn_ppo"))
     assert row.endswith("| 0.500 ± 0.354 | 0.250 ± 0.071 | 0.500 ± 0.141 | 3.000 ± 0.000 |")
     assert "**MI / MI z / H(Z|X)**" in text
+
+
+def test_out_defaults_beside_the_runs_never_the_docs(runs_dir, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert report.main([str(runs_dir), "--no-plots"]) == 0
+    assert (runs_dir / "report" / "results.md").is_file() and not (tmp_path / "docs").exists()
+    assert report.main([str(runs_dir / "sokoban_turn_ppo_tiny_s0"), "--no-plots"]) == 0
+    assert (runs_dir / "sokoban_turn_ppo_tiny_s0" / "report" / "results.md").is_file()
+    assert report.default_out([str(runs_dir / "a"), str(runs_dir / "b" / "c")]) == runs_dir.resolve() / "report"
+    # the report folder is not taken for a run the next time
+    assert len(report.find_runs([str(runs_dir)])) == 6
+
+
+def test_runs_of_two_envs_are_never_one_group(tmp_path):
+    root = tmp_path / "runs"
+    for env, vs in (("sokoban", 0.5), ("webshop", 0.1)):
+        write_run(root, f"{env}_turn_ppo_tiny_s0", "turn_ppo", 0, [val_row(0, 0.0, 0.0), val_row(4, vs, 0.0)], env=env)
+    text = report.build_report([str(root)], tmp_path / "o", plots=False)
+    assert "| sokoban, turn_ppo | 1 |" in text and "| webshop, turn_ppo | 1 |" in text
+    assert "holds several runs with seed" not in text

@@ -15,6 +15,8 @@ from ragen_turn.rollout import (
     run_episodes,
 )
 
+from ragen_turn.rollout.env_manager import DEV_SEED_OFFSET
+
 from helpers import micro_config, tiny_tokenizer
 
 
@@ -143,7 +145,14 @@ def test_seeds_groups_and_val_split():
     assert [s.seed for s in train.assign_seeds(0, 1)] != s0  # fresh seeds each step
     assert max(s0) < VAL_SEED_OFFSET
     val = EnvGroupManager(cfg.custom_envs, cfg.es_manager.val, "val")
-    assert min(s.seed for s in val.assign_seeds(0, 5)) >= VAL_SEED_OFFSET
+    held = [s.seed for s in val.assign_seeds(0, 5)]
+    assert min(held) >= VAL_SEED_OFFSET
+    dev_cfg = micro_config(["es_manager.val.seeds=dev"])
+    dev = [s.seed for s in EnvGroupManager(dev_cfg.custom_envs, dev_cfg.es_manager.val, "val").assign_seeds(0, 5)]
+    assert min(dev) >= DEV_SEED_OFFSET and not set(dev) & set(held)  # a tuning range: neither held-out nor train
+    with pytest.raises(ValueError, match="es_manager.val.seeds"):
+        bad = micro_config(["es_manager.val.seeds=test"])
+        EnvGroupManager(bad.custom_envs, bad.es_manager.val, "val")
     with pytest.raises(ValueError, match="n_groups"):
         EnvGroupManager(cfg.custom_envs, {"env_groups": 2, "group_size": 1,
                                           "env_configs": {"tags": ["SimpleSokoban"], "n_groups": [3]}})

@@ -56,3 +56,17 @@ def test_demonstrations_solve_and_sft_lowers_the_loss_then_caches(tmp_path, monk
     for (n, p), q in zip(trained.state_dict().items(), loaded.state_dict().values()):
         assert torch.equal(p.cpu(), q.cpu()), n
 
+
+
+def test_fit_turn_budget_makes_demonstrations_finish_in_the_turns():
+    """One action per answer runs out of turns on rooms with long solutions; fit_turn_budget answers at least
+    ceil(solution left / turns left) actions, so every room whose solution fits the action budget is solved."""
+    tok = tiny_tokenizer()
+    base = ["agent_proxy.max_turn=5", "model.warmstart.actions_per_turn=[1,1]", "es_manager.train.env_groups=1"]
+    plain = collect_demonstrations(micro_config(base), tok, 128, seed=3)
+    fit = collect_demonstrations(micro_config(base + ["model.warmstart.fit_turn_budget=true"]), tok, 128, seed=3)
+    assert [e.env_seed for e in plain.episodes] == [e.env_seed for e in fit.episodes]  # the same rooms
+    assert plain.success.mean() < 0.9  # RAGEN's rooms: a quarter need more than 5 steps
+    assert fit.success.mean() > 0.98
+    for e in fit.episodes:
+        assert e.num_turns <= 5 and all(t.count("||") <= 4 for t in e.texts)

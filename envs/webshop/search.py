@@ -75,6 +75,7 @@ def _require_bm25s():
             "The WebShop env's search engine needs the `bm25s` package: pip install 'bm25s>=0.2' "
             "(or pip install -e '.[webshop]')."
         ) from e
+    logging.getLogger("bm25s").setLevel(logging.WARNING)  # bm25s sets its logger to DEBUG: "[bm25s][DEBUG] ..." lines
     return bm25s
 
 

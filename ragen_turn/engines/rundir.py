@@ -11,6 +11,8 @@ a crash, and the disk-full error.
   the new, never an empty or torn file.
 - :func:`writing`: turns a failed write on a full disk into ``DiskFull("no space left on device while writing
   <path>")`` (torch's zip writer reports it as ``unexpected pos ...``, without the errno).
+- :func:`clear_earlier_run` (``trainer.overwrite=true``) deletes what an earlier run left; :func:`remove_if_unused`
+  deletes a run directory that a command refused before its first step left with nothing of a run in it.
 - :func:`crash_point`: a fault-injection hook for the kill-anywhere tests: ``RAGEN_TURN_CRASH_AT=N`` ends the
   process at the N-th crash point it passes (``os._exit``, or a real ``SIGKILL`` with ``N:sigkill``);
   ``RAGEN_TURN_CRASH_LOG=FILE`` appends the number and label of every point passed. Unset: a counter only.
@@ -28,7 +30,7 @@ import socket
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Dict, Iterator, Optional, Union
+from typing import Callable, Dict, Iterator, List, Optional, Union
 
 PathLike = Union[str, os.PathLike]
 LOCK_FILE = "run.lock"
@@ -273,3 +275,42 @@ def check_run_dir(cfg, log: Callable[[str], None] = print) -> RunDirLock:
             lock.release()
         raise
     return lock
+
+
+# ------------------------------------------------------------------------------------------------ overwrite, leftovers
+HYDRA_SUBDIR = "hydra"  # Hydra's job files of the current command: kept
+
+
+def run_files(out_dir: PathLike) -> List[Path]:
+    """What a previous run left in ``out_dir``: everything but Hydra's job files and the lock."""
+    out_dir = Path(out_dir)
+    if not out_dir.is_dir():
+        return []
+    return sorted(p for p in out_dir.iterdir() if p.name not in (HYDRA_SUBDIR, LOCK_FILE))
+
+
+def clear_earlier_run(out_dir: PathLike, log: Callable[[str], None] = print) -> None:
+    """``trainer.overwrite=true``: delete the earlier run's files (checkpoints, metrics, config, evaluations,
+    wandb) so none is mixed with the new run's. Call it holding the directory's lock (:func:`check_run_dir`)."""
+    old = run_files(out_dir)
+    for p in old:
+        shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+    if old:
+        log(f"[ragen_turn] trainer.overwrite=true: deleted the previous run in {out_dir} "
+            f"({', '.join(p.name for p in old)})")
+
+
+def remove_if_unused(out_dir: PathLike) -> bool:
+    """Delete ``out_dir`` when it holds nothing of a run (only Hydra's job files and the lock, or nothing) and no
+    other live process holds it: a command that stopped before its first step leaves no stray run directory.
+    Returns True if it was deleted."""
+    out_dir = Path(out_dir)
+    if not out_dir.is_dir() or run_files(out_dir):
+        return False
+    try:
+        lock = lock_run_dir(out_dir, log=lambda _: None)
+    except (RunDirBusy, OSError):
+        return False
+    shutil.rmtree(out_dir, ignore_errors=True)
+    lock.release()
+    return True

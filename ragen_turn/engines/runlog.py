@@ -1,4 +1,5 @@
-"""What a run logs, the same for both engines: episode metrics, the progress line, ``metrics.jsonl``.
+"""What a run logs, the same for both engines: episode metrics, the progress line (with an ETA), ``metrics.jsonl``,
+and the summary block a run ends with.
 
 ``metrics.jsonl`` holds one JSON object per logged step (non-finite numbers as ``null``). A resumed
 run keeps the lines up to its checkpoint's step and drops the rest (:func:`truncate_metrics`), so
@@ -9,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Mapping, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 import torch
@@ -62,13 +63,32 @@ def run_header(cfg: Any, trainer: str, start: int, n_episodes: int, out_dir: Any
             f"steps {start}->{cfg.trainer.total_training_steps}, out={out_dir}")
 
 
-def progress_line(m: Mapping[str, Any]) -> str:
-    """One line per step: reward, success, clip fractions, KL, entropy, value loss, speed; held-out scores."""
+def fmt_duration(seconds: float) -> str:
+    """``42s``, ``3m05s``, ``1h02m``."""
+    s = int(round(max(0.0, float(seconds))))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+
+
+def eta(done: int, total: int, elapsed: float) -> str:
+    """``elapsed, ETA left`` after ``done`` of ``total`` equal units of work that took ``elapsed`` seconds."""
+    if done <= 0 or total <= done:
+        return fmt_duration(elapsed)
+    return f"{fmt_duration(elapsed)}, ETA {fmt_duration(elapsed / done * (total - done))}"
+
+
+def progress_line(m: Mapping[str, Any], total: Optional[int] = None, timing: str = "") -> str:
+    """One line per step: reward, success, clip fractions, KL, entropy, value loss, speed; held-out scores;
+    ``step N/total`` and ``timing`` (e.g. ``eta(...)``) when given."""
     def f(key, fmt="{:.3f}"):
         v = m.get(key)
         return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else fmt.format(v)
 
-    parts = [f"step {int(m.get('step', 0)):4d}"]
+    step = int(m.get("step", 0))
+    parts = [f"step {step:4d}" + (f"/{total}" if total is not None else "")]
     if "env/reward" in m:
         parts += [f"reward {f('env/reward')}", f"success {f('env/success')}",
                   f"clip_tok {f('actor/clip_frac_token')}", f"clip_turn {f('actor/clip_frac_turn')}",
@@ -78,6 +98,8 @@ def progress_line(m: Mapping[str, Any]) -> str:
     if "val/success" in m:
         parts += [f"| val success {f('val/success')} reward {f('val/reward')} invalid "
                   f"{f('val/invalid_action_rate')}"]
+    if timing:
+        parts.append(f"| {timing}")
     return "  ".join(parts)
 
 
@@ -132,3 +154,46 @@ def truncate_metrics(path: Path, step: int, log: Callable[[str], None] = print) 
         return
     rows = [r for r in read_metrics(path, log) if r.get("step", 0) <= step]
     atomic_write_text(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
+
+
+def held_out_history(rows: List[Mapping[str, Any]], key: str = "val/success") -> List[Tuple[int, float]]:
+    """``[(step, value)]`` of the held-out evaluations in a run's metrics rows (null values left out)."""
+    return [(int(r["step"]), float(r[key])) for r in rows if r.get(key) is not None]
+
+
+def run_summary(cfg: Any, out_dir: Path, elapsed: Optional[float] = None, checkpoint: Optional[Path] = None,
+                note: str = "") -> Tuple[str, Dict[str, Any]]:
+    """The block a run ends with (and a finished run prints again on resume): held-out success before / last /
+    best, elapsed time, where the checkpoint and the metrics are, and the commands to run next.
+
+    Returns ``(text, summary)``; ``summary`` holds the same numbers (for a multirun's table)."""
+    out_dir = Path(out_dir)
+    rows = read_metrics(out_dir / "metrics.jsonl") if (out_dir / "metrics.jsonl").is_file() else []
+    hist = held_out_history(rows)
+    steps = max((int(r.get("step", 0)) for r in rows), default=0)
+    summary: Dict[str, Any] = {"run": str(out_dir), "steps": steps, "elapsed_s": elapsed,
+                               "init": None, "last": None, "best": None, "best_step": None}
+    lines = [f"[ragen_turn] {note or 'done'}: {cfg.trainer.experiment_name}, step {steps} of "
+             f"{cfg.trainer.total_training_steps}" + (f" in {fmt_duration(elapsed)}" if elapsed is not None else "")]
+    if hist:
+        init = hist[0] if hist[0][0] == 0 else None
+        after = [h for h in hist if h[0] > 0]
+        best = max(after, key=lambda h: h[1]) if after else None
+        summary.update(init=init[1] if init else None, last=hist[-1][1],
+                       best=best[1] if best else None, best_step=best[0] if best else None)
+        parts = []
+        if init:
+            parts.append(f"{init[1]:.3f} at step 0 (before RL)")
+        parts.append(f"{hist[-1][1]:.3f} at step {hist[-1][0]}")
+        if best:
+            parts.append(f"best {best[1]:.3f} at step {best[0]}")
+        n_val = cfg.es_manager.val.env_groups * cfg.es_manager.val.group_size
+        lines.append(f"  held-out success ({n_val} episodes): " + " -> ".join(parts[:2]) +
+                     (f" ({parts[2]})" if len(parts) > 2 else ""))
+    if checkpoint is not None:
+        lines.append(f"  checkpoint: {checkpoint}")
+    lines.append(f"  metrics:    {out_dir / 'metrics.jsonl'}  (config: {out_dir / 'config.yaml'})")
+    lines.append(f"  next:       bash eval.sh {cfg.env.name} {out_dir}    # held-out evaluation of the last checkpoint")
+    lines.append(f"              .venv/bin/python -m ragen_turn.report {out_dir}    "
+                 f"# table and curves in {out_dir / 'report'}")
+    return "\n".join(lines), summary

@@ -3,7 +3,8 @@
 ``custom_envs.<Tag>`` says what a tag is (``env_type``, ``env_config``, ``env_instruction``,
 ``max_actions_per_traj``); ``es_manager.{train,val}`` says how many groups of which tags to run.
 Train seeds are drawn per step from the run seed; val seeds are a fixed held-out range that train
-seeds never reach.
+seeds never reach. ``es_manager.val.seeds=dev`` evaluates on a second fixed range (``DEV_SEED_OFFSET``),
+disjoint from both, for choosing settings without looking at the held-out seeds.
 """
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ import numpy as np
 from ragen_turn.envs import get_env_class, make_env
 
 VAL_SEED_OFFSET = 1_000_000_000  # train seeds are < this, val seeds >= this
+DEV_SEED_OFFSET = 2_000_000_000  # es_manager.val.seeds=dev: a validation range for tuning, never held-out or train
+VAL_SEED_RANGES = {"heldout": VAL_SEED_OFFSET, "dev": DEV_SEED_OFFSET}
 
 
 @dataclass
@@ -49,6 +52,11 @@ def parse_split(custom_envs: Mapping[str, Any], split_cfg: Mapping[str, Any], sp
     group_size = int(split_cfg.get("group_size", 1))
     if env_groups < 1 or group_size < 1:
         raise ValueError(f"es_manager.{split}.env_groups and group_size must be >= 1")
+    if env_groups * group_size > DEV_SEED_OFFSET - VAL_SEED_OFFSET:
+        raise ValueError(f"es_manager.{split}: at most {DEV_SEED_OFFSET - VAL_SEED_OFFSET} episodes")
+    seeds = split_cfg.get("seeds", "heldout")
+    if split != "train" and seeds not in VAL_SEED_RANGES:
+        raise ValueError(f"es_manager.{split}.seeds must be one of {sorted(VAL_SEED_RANGES)}, got {seeds!r}")
     env_configs = split_cfg.get("env_configs") or {}
     tags = list(env_configs.get("tags") or [])
     n_groups = [int(n) for n in (env_configs.get("n_groups") or [])]
@@ -81,6 +89,7 @@ class EnvGroupManager:
         """``build_envs=False`` plans slots and seeds only (engines whose envs live in remote workers)."""
         self.split = split
         groups, self.env_groups, self.group_size = parse_split(custom_envs, split_cfg, split)
+        self.seed_offset = VAL_SEED_RANGES[(_plain(split_cfg) or {}).get("seeds", "heldout")]
         self.slots: List[EnvSlot] = []
         gid = 0
         for tag, n, spec in groups:
@@ -96,10 +105,11 @@ class EnvGroupManager:
         return len(self.slots)
 
     def assign_seeds(self, run_seed: int, step: int) -> List[EnvSlot]:
-        """Give every group a seed: train seeds from (run_seed, step, group); val seeds fixed."""
+        """Give every group a seed: train seeds from (run_seed, step, group); val seeds fixed
+        (held-out: ``VAL_SEED_OFFSET + group``; ``seeds=dev``: ``DEV_SEED_OFFSET + group``)."""
         for slot in self.slots:
             if self.split == "val":
-                slot.seed = VAL_SEED_OFFSET + slot.group_id
+                slot.seed = self.seed_offset + slot.group_id
             else:
                 ss = np.random.SeedSequence([int(run_seed), int(step), int(slot.group_id)])
                 slot.seed = int(ss.generate_state(1, dtype=np.uint64)[0] % VAL_SEED_OFFSET)

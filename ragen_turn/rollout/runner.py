@@ -82,8 +82,10 @@ def _play(slots: Sequence[EnvSlot], policy: Policy, formatter: ChatFormatter, cf
         if not active:
             break
         if log is not None:
+            spent = time.time() - t0  # later turns have fewer active episodes: the ETA is an upper bound
+            bound = f", ETA <= {spent / turn * (cfg.max_turn - turn):.0f}s" if turn else ""
             log(f"[rollout] turn {turn + 1}/{cfg.max_turn}: {len(active)}/{len(live)} episodes active, "
-                f"{time.time() - t0:.0f}s")
+                f"{spent:.0f}s{bound}")
         if hasattr(policy, "observe"):  # scripted policies read the env state of each prompt
             policy.observe([s.slot for s in active])
         responses = policy.generate([s.ep.token_ids for s in active], cfg.response_length)

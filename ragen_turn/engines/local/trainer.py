@@ -48,10 +48,20 @@ from ragen_turn.engines.rundir import (
     TrainingStopped,
     atomic_write_text,
     check_run_dir,
+    clear_earlier_run,
     crash_point,
     writing,
 )
-from ragen_turn.engines.runlog import append_metrics, episode_metrics, progress_line, run_header, truncate_metrics
+from ragen_turn.engines.runlog import (
+    append_metrics,
+    episode_metrics,
+    eta,
+    fmt_duration,
+    progress_line,
+    run_header,
+    run_summary,
+    truncate_metrics,
+)
 from ragen_turn.engines.runtime import derived_seed, pick_device, seed_everything
 from ragen_turn.models import CriticModel, load_model_and_tokenizer, logprobs_and_hidden, sequence_logprobs
 from ragen_turn.rollout import ChatFormatter, EnvGroupManager, Trajectory, context_config, run_episodes, throttled
@@ -89,11 +99,14 @@ class StarPOTrainer:
         seed_everything(cfg.seed)
         self.out_dir = Path(cfg.trainer.default_local_dir)
         self.lock = check_run_dir(cfg, log=log)  # writable, ours alone, no earlier run unless resume/overwrite
+        if not cfg.trainer.resume and cfg.trainer.get("overwrite", False):
+            clear_earlier_run(self.out_dir, log)  # trainer.overwrite=true: the earlier run's files go first
         self.ckpt_dir = self.out_dir / "checkpoints"
         ckpt.clean(self.ckpt_dir, log=log)  # what a run killed while writing or deleting a checkpoint left
         if not cfg.trainer.resume and ckpt.step_dirs(self.ckpt_dir):
             shutil.rmtree(self.ckpt_dir)
             log(f"[ragen_turn] removed the checkpoints of the earlier run in {self.ckpt_dir} (a fresh start)")
+        self.started = time.time()
 
         self.actor, self.tokenizer = load_model_and_tokenizer(model_config(cfg), device="cpu", dtype=cfg.dtype)
         self.tokenizer.padding_side = "left"
@@ -453,28 +466,38 @@ class StarPOTrainer:
         return evaluate_policy(self.actor, self.tokenizer, self.cfg, envs or self.val_envs, self.device, prefix,
                                log=throttled(self.log, 20.0))
 
-    def fit(self) -> Dict[str, float]:
-        """Train to ``trainer.total_training_steps`` (or the time budget). A full disk stops the run naming the
-        file and the checkpoint to resume from."""
+    def fit(self) -> Dict[str, Any]:
+        """Train to ``trainer.total_training_steps`` (or the time budget); returns the last step's metrics and,
+        under ``summary``, the end-of-run numbers (held-out before / last / best, elapsed). A full disk stops the
+        run naming the file and the checkpoint to resume from."""
         try:
             return self._fit()
         except DiskFull as e:
             e.args = (f"{e}; {self.checkpoint_note()}",)
             raise
 
-    def _fit(self) -> Dict[str, float]:
+    def _fit(self) -> Dict[str, Any]:
         cfg = self.cfg.trainer
         total = cfg.total_training_steps
+        if self.step >= total > 0:  # a finished run resumed: nothing to train
+            text, summary = self.summary(note="run already complete")
+            self.log(text + f"\n  to train on: trainer.total_training_steps=<more than {total}> trainer.resume=true")
+            return {"step": self.step, "summary": summary}
         self.log(run_header(self.cfg, type(self).__name__, self.step, len(self.train_envs), self.out_dir, self.device))
-        last: Dict[str, float] = {}
+        last: Dict[str, Any] = {}
         budget = cfg.get("time_budget_s")
-        started = time.time()
+        loop_start = started = time.time()
+        first = self.step
         if self.step == 0 and cfg.val_before_train:
+            then = f"every {cfg.test_freq} steps and at the end" if cfg.test_freq else "at the end"
+            self.log(f"[ragen_turn] held-out evaluation before RL: {len(self.val_envs)} episodes (then {then})")
             t = time.time()
-            last = {"step": 0, **self.evaluate()}
-            last["perf/val_s"] = time.time() - t
-            self._write_metrics(last)
-            self.log(progress_line(last))
+            m = {"step": 0, **self.evaluate()}
+            m["perf/val_s"] = time.time() - t
+            self._write_metrics(m)
+            self.log(progress_line(m, total, f"held-out eval {fmt_duration(m['perf/val_s'])}"))
+            last = m
+            started = time.time()  # the ETA counts training steps (and their evaluations) only
         while self.step < total:
             metrics = self.train_step()
             self.step += 1
@@ -483,7 +506,7 @@ class StarPOTrainer:
                 ckpt.confirm(self.ckpt_dir, self.unconfirmed)
             self.unconfirmed = None
             final = self.step == total
-            if budget is not None and not final and time.time() - started >= float(budget):
+            if budget is not None and not final and time.time() - loop_start >= float(budget):
                 self.log(f"[ragen_turn] trainer.time_budget_s={budget} spent after step {self.step}: "
                          f"final evaluation and checkpoint (resume with trainer.resume=true)")
                 final = True
@@ -492,13 +515,20 @@ class StarPOTrainer:
                 metrics.update(self.evaluate())
                 metrics["perf/val_s"] = time.time() - t
             self._write_metrics(metrics)
-            self.log(progress_line(metrics))
+            self.log(progress_line(metrics, total, eta(self.step - first, total - first, time.time() - started)))
             if (cfg.save_freq and self.step % cfg.save_freq == 0) or final:
                 self.save_checkpoint()
             last = metrics
             if final:
                 break
+        text, last["summary"] = self.summary()
+        self.log(text)
         return last
+
+    def summary(self, note: str = ""):
+        """The end-of-run block (held-out before / last / best, elapsed, paths, next commands) and its numbers."""
+        return run_summary(self.cfg, self.out_dir, None if note else time.time() - self.started,
+                           ckpt.newest_complete(self.ckpt_dir), note)
 
     # -------------------------------------------------------------------------------- logging
     def _write_metrics(self, metrics: Dict[str, float]) -> None:
