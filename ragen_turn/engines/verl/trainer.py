@@ -63,9 +63,14 @@ def SeedPlan(custom_envs, split_cfg, split: str = "train") -> EnvGroupManager:
     return EnvGroupManager(custom_envs, split_cfg, split, build_envs=False)
 
 
-def gen_batch(slots: Sequence[EnvSlot], split: str, step: int) -> DataProto:
-    """The agent loop's input: one sample per env slot (no tensors; verl passes the fields to ``run``)."""
+def gen_batch(slots: Sequence[EnvSlot], split: str, step: int, seed: int = 0) -> DataProto:
+    """The agent loop's input: one sample per env slot (no tensors; verl passes the fields to ``run``).
+
+    ``sample_seed`` (from ``seed``, the split, the step and the slot) seeds the episode's sampling.
+    """
     n = len(slots)
+    split_id = {"train": 0, "val": 1}.get(split, 2)
+    seeds = np.random.SeedSequence([int(seed), split_id, int(step)]).generate_state(max(n, 1), dtype=np.uint64)
 
     def arr(values, dtype=object):
         return np.array(list(values), dtype=dtype)
@@ -77,6 +82,7 @@ def gen_batch(slots: Sequence[EnvSlot], split: str, step: int) -> DataProto:
         "group_id": arr((s.group_id for s in slots), np.int64),
         "uid": arr(f"{split}-{step}-{s.group_id}" for s in slots),
         "raw_prompt": arr(f"{s.tag} seed={s.seed}" for s in slots),
+        "sample_seed": arr((int(x % 2**63) for x in seeds[:n]), np.int64),
     })
 
 
@@ -193,7 +199,7 @@ class StarPOTrainer(RayPPOTrainer):
 
     # ---------------------------------------------------------------------------------- rollout
     def rollout(self, slots: Sequence[EnvSlot], split: str, step: int) -> tuple[DataProto, Dict[str, float]]:
-        batch = gen_batch(slots, split, step)
+        batch = gen_batch(slots, split, step, int(self.rcfg.seed))
         batch.meta_info.update(validate=split == "val", global_steps=step)
         padded, pad = pad_dataproto_to_divisor(batch, int(self.config.actor_rollout_ref.rollout.agent.num_workers))
         out = self.async_rollout_manager.generate_sequences(padded)
@@ -355,6 +361,16 @@ TRAINERS = {"starpo": StarPOTrainer, "turn": TurnPPOTrainer}
 class TaskRunner(BaseTaskRunner):
     """verl's v0 TaskRunner without datasets: workers, resource pools, then our trainer's ``fit``."""
 
+    def use_gloo_workers(self) -> None:
+        """On cpu: verl's same workers, opening a plain gloo process group first (see :mod:`.workers`)."""
+        from verl.trainer.ppo.ray_trainer import Role
+
+        from .workers import GlooActorRolloutRefWorker, GlooTrainingWorker
+
+        for role in list(self.role_worker_mapping):
+            cls = GlooTrainingWorker if role == Role.Critic else GlooActorRolloutRefWorker
+            self.role_worker_mapping[role] = ray.remote(cls)
+
     def run(self, config: DictConfig) -> Dict[str, float]:
         from verl.trainer.ppo.utils import need_critic, need_reference_policy
         from verl.utils.config import omega_conf_to_dataclass, validate_config
@@ -363,6 +379,8 @@ class TaskRunner(BaseTaskRunner):
         _, ray_worker_group_cls = self.add_actor_rollout_worker(config)
         if need_critic(config):
             self.add_critic_worker(config)
+        if config.trainer.device == "cpu":
+            self.use_gloo_workers()
         self.add_reward_model_resource_pool(config)
         validate_config(config=config, use_reference_policy=need_reference_policy(config),
                         use_critic=need_critic(config))
