@@ -107,7 +107,12 @@ def launch(cfg: Any) -> Dict[str, float]:
             ray.shutdown()
     metrics = Path(vcfg.ragen.trainer.default_local_dir) / "metrics.jsonl"
     lines = metrics.read_text().splitlines() if metrics.is_file() else []
-    return json.loads(lines[-1]) if lines else {}
+    last = json.loads(lines[-1]) if lines else {}
+    # Ray may drop a worker's last printed lines when the cluster stops: say where the run ended from here
+    from ragen_turn.engines.runlog import progress_line
+
+    print(f"[ragen_turn] verl run finished: {progress_line(last)} (metrics: {metrics})", flush=True)
+    return last
 
 
 __all__ = ["launch", "build_verl_config", "model_path_for_verl", "require_verl", "VerlNotInstalled", "INSTALL_HINT",

@@ -223,6 +223,46 @@ class StarPOTrainer(RayPPOTrainer):
         batch.batch["token_level_scores"] = rewards
         batch.batch["token_level_rewards"] = rewards
 
+    def score(self, batch: DataProto, metrics: Dict[str, float], timing: Dict[str, float]) -> DataProto:
+        """Old log-probs (actor worker), reference log-probs (KL on) and critic values (critic worker)."""
+        batch.meta_info["temperature"] = self.config.actor_rollout_ref.rollout.temperature
+        batch.meta_info["global_token_num"] = torch.sum(batch.batch["attention_mask"], dim=-1).tolist()
+        batch.meta_info["images_seqlens"] = []
+        with marked_timer("old_log_prob", timing):
+            old, mfu = self._compute_old_log_prob(batch)
+            entropys = old.batch.pop("entropys")
+            a = self.config.actor_rollout_ref.actor
+            metrics["actor/entropy"] = agg_loss(loss_mat=entropys, loss_mask=batch.batch["response_mask"],
+                                                loss_agg_mode=a.loss_agg_mode).item()
+            metrics["perf/mfu/actor_infer"] = mfu
+            batch = batch.union(old)
+        if self.use_reference_policy:
+            with marked_timer("ref", timing):
+                batch = batch.union(self._compute_ref_log_prob(batch))
+        if self.use_critic:
+            with marked_timer("values", timing):
+                batch = batch.union(self._compute_values(batch))
+        return batch
+
+    def update_critic(self, batch: DataProto, traj: Trajectory) -> Dict[str, float]:
+        """verl's critic update (its value loss) on :func:`critic_batch` (turn starts only for a turn critic)."""
+        out = self._update_critic(critic_batch(batch, traj, self.rcfg.critic.level))
+        metrics = reduce_metrics(out.meta_info["metrics"])
+        if "critic/vf_loss" in metrics:  # our name (DESIGN.md) for verl's
+            metrics["critic/value_loss"] = metrics["critic/vf_loss"]
+        return metrics
+
+    def update_actor(self, batch: DataProto, traj: Trajectory) -> Dict[str, float]:
+        """verl's actor update (its ``ppo_loss`` calling our registered policy loss), with the turn counts."""
+        dp = self._get_dp_size(self.actor_rollout_wg, "actor")
+        mini = int(self.config.actor_rollout_ref.actor.ppo_mini_batch_size)
+        keys = list(TRAIN_KEYS) + ["old_log_probs", "advantages"]
+        if "ref_log_prob" in batch.batch.keys():
+            keys.append("ref_log_prob")
+        actor_batch = DataProto.from_dict(tensors={k: batch.batch[k] for k in keys}, meta_info=dict(batch.meta_info))
+        actor_batch.batch[TURNS_FIELD] = minibatch_turn_counts(traj.turn_mask.sum(dim=1), mini, dp)
+        return reduce_metrics(self._update_actor(actor_batch).meta_info["metrics"])
+
     def train_step(self) -> Dict[str, float]:
         metrics: Dict[str, float] = {}
         timing: Dict[str, float] = {}
@@ -238,26 +278,9 @@ class StarPOTrainer(RayPPOTrainer):
             keep = kept_rows(traj.group_ids, traj.episode_rewards, r.rollout_filter_ratio, r.rollout_filter_type)
             if len(keep) < len(batch):
                 batch = batch.select_idxs(keep)
-            batch.meta_info["temperature"] = self.config.actor_rollout_ref.rollout.temperature
             if self.config.trainer.balance_batch:
                 self._balance_batch(batch, metrics=metrics)
-            batch.meta_info["global_token_num"] = torch.sum(batch.batch["attention_mask"], dim=-1).tolist()
-            batch.meta_info["images_seqlens"] = []
-
-            with marked_timer("old_log_prob", timing):
-                old, mfu = self._compute_old_log_prob(batch)
-                entropys = old.batch.pop("entropys")
-                a = self.config.actor_rollout_ref.actor
-                metrics["actor/entropy"] = agg_loss(loss_mat=entropys, loss_mask=batch.batch["response_mask"],
-                                                    loss_agg_mode=a.loss_agg_mode).item()
-                metrics["perf/mfu/actor_infer"] = mfu
-                batch = batch.union(old)
-            if self.use_reference_policy:
-                with marked_timer("ref", timing):
-                    batch = batch.union(self._compute_ref_log_prob(batch))
-            if self.use_critic:
-                with marked_timer("values", timing):
-                    batch = batch.union(self._compute_values(batch))
+            batch = self.score(batch, metrics, timing)
 
             with marked_timer("adv", timing):
                 traj = to_trajectory(batch)  # after filtering / balancing: same rows as the batch
@@ -267,25 +290,11 @@ class StarPOTrainer(RayPPOTrainer):
                 metrics["adv/std"] = float(adv.std()) if adv.numel() > 1 else 0.0
             if not torch.isfinite(adv).all():
                 raise RuntimeError(f"step {step}: non-finite advantages (check the rewards and the critic)")
-
             if self.use_critic:
                 with marked_timer("update_critic", timing):
-                    out = self._update_critic(critic_batch(batch, traj, self.rcfg.critic.level))
-                metrics.update(reduce_metrics(out.meta_info["metrics"]))
-                if "critic/vf_loss" in metrics:  # our name (DESIGN.md) for verl's
-                    metrics["critic/value_loss"] = metrics["critic/vf_loss"]
-
+                    metrics.update(self.update_critic(batch, traj))
             with marked_timer("update_actor", timing):
-                dp = self._get_dp_size(self.actor_rollout_wg, "actor")
-                mini = int(self.config.actor_rollout_ref.actor.ppo_mini_batch_size)
-                keys = list(TRAIN_KEYS) + ["old_log_probs", "advantages"]
-                if "ref_log_prob" in batch.batch.keys():
-                    keys.append("ref_log_prob")
-                actor_batch = DataProto.from_dict(tensors={k: batch.batch[k] for k in keys},
-                                                  meta_info=dict(batch.meta_info))
-                actor_batch.batch[TURNS_FIELD] = minibatch_turn_counts(traj.turn_mask.sum(dim=1), mini, dp)
-                out = self._update_actor(actor_batch)
-            metrics.update(reduce_metrics(out.meta_info["metrics"]))
+                metrics.update(self.update_actor(batch, traj))
             with marked_timer("update_weights", timing):
                 self.checkpoint_manager.update_weights(step + 1)
 
@@ -357,9 +366,12 @@ class TurnPPOTrainer(StarPOTrainer):
 TRAINERS = {"starpo": StarPOTrainer, "turn": TurnPPOTrainer}
 
 
-@ray.remote(num_cpus=1)
-class TaskRunner(BaseTaskRunner):
-    """verl's v0 TaskRunner without datasets: workers, resource pools, then our trainer's ``fit``."""
+class TrainerBuilder(BaseTaskRunner):
+    """verl's v0 TaskRunner steps without datasets: roles, resource pools, workers, then our trainer.
+
+    :class:`TaskRunner` (a Ray actor) runs :meth:`run` for ``run_ppo``; tests call
+    :meth:`build_trainer` in their own process to drive the same workers step by step.
+    """
 
     def use_gloo_workers(self) -> None:
         """On cpu: verl's same workers, opening a plain gloo process group first (see :mod:`.workers`)."""
@@ -371,7 +383,8 @@ class TaskRunner(BaseTaskRunner):
             cls = GlooTrainingWorker if role == Role.Critic else GlooActorRolloutRefWorker
             self.role_worker_mapping[role] = ray.remote(cls)
 
-    def run(self, config: DictConfig) -> Dict[str, float]:
+    def build_trainer(self, config: DictConfig) -> StarPOTrainer:
+        """Our trainer with verl's worker groups, rollout servers and agent-loop workers started."""
         from verl.trainer.ppo.utils import need_critic, need_reference_policy
         from verl.utils.config import omega_conf_to_dataclass, validate_config
 
@@ -392,4 +405,10 @@ class TaskRunner(BaseTaskRunner):
         trainer = TRAINERS[name](config=config, tokenizer=tokenizer, role_worker_mapping=self.role_worker_mapping,
                                  resource_pool_manager=pools, ray_worker_group_cls=ray_worker_group_cls)
         trainer.init_workers()
-        return trainer.fit()
+        return trainer
+
+    def run(self, config: DictConfig) -> Dict[str, float]:
+        return self.build_trainer(config).fit()
+
+
+TaskRunner = ray.remote(num_cpus=1)(TrainerBuilder)
