@@ -100,6 +100,14 @@ def _record_grads(worker, role: str) -> None:
     ray.get(worker.__ray_call__.remote(install))
 
 
+def _actor_checksum(self) -> float:
+    """Inside the worker: the sum of the actor's (full) parameters, as HFServer.parameter_checksum."""
+    from torch.distributed.tensor import DTensor
+
+    module = _engine(self, "actor").module
+    return float(sum((p.full_tensor() if isinstance(p, DTensor) else p).double().sum() for p in module.parameters()))
+
+
 def _recorded_grads(worker, role: str) -> dict:
     import ray
 
@@ -111,6 +119,7 @@ def run_verl(cfg):
 
     from ragen_turn.engines.verl import build_verl_config
     from ragen_turn.engines.verl.config import ray_resources, resolve_placement, worker_env
+    from ragen_turn.engines.verl.hf_rollout import server_name
     from ragen_turn.engines.verl.trainer import TrainerBuilder, to_trajectory
 
     vcfg = build_verl_config(cfg)
@@ -131,8 +140,14 @@ def run_verl(cfg):
             _record_grads(critic_w, "critic")
             out["critic_metrics"] = trainer.update_critic(batch, traj)
             out["critic_grads"] = _recorded_grads(critic_w, "critic")
+        server = ray.get_actor(server_name(0))
+        before = ray.get(server.parameter_checksum.remote())
         out["actor_metrics"] = trainer.update_actor(batch, traj)
         out["actor_grads"] = _recorded_grads(actor_w, "actor")
+        trainer.checkpoint_manager.update_weights(1)  # verl's weight sync to the rollout, as after every step
+        actor_after = ray.get(actor_w.__ray_call__.remote(_actor_checksum))
+        out["weight_sync"] = {"server_before": before, "server_after": ray.get(server.parameter_checksum.remote()),
+                              "actor_after": actor_after, "actor_changed": abs(actor_after - before) > 1e-6}
         out["prompt_length"] = int(vcfg.actor_rollout_ref.rollout.prompt_length)
         return out
     finally:
@@ -250,6 +265,7 @@ def compare(v: dict, loc: dict) -> dict:
         if loc["all_token_critic_grads"] is not None:  # a turn critic trained on every token would differ this much
             res["critic_grad_vs_all_tokens"] = _rel(v["critic_grads"], loc["all_token_critic_grads"], _critic_name)
         res["turns"] = int(v["traj"].turn_mask.sum())
+    res["weight_sync"] = v["weight_sync"]
     res["episodes"] = len(batch)
     res["response_tokens"] = int(batch.batch["response_mask"].sum())
     return res

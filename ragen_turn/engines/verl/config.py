@@ -223,14 +223,17 @@ def to_verl_config(cfg: DictConfig, model_path: Optional[str] = None) -> DictCon
     critic_on = cfg.critic.level != "none"
     out_dir = str(Path(cfg.trainer.default_local_dir).expanduser().resolve())
     keep = int(cfg.trainer.keep_checkpoints) if cfg.trainer.keep_checkpoints else None
+    attn = attn_implementation(p.device)
     model = {
         "path": path,
         "external_lib": "ragen_turn.engines.verl.register",
         "enable_gradient_checkpointing": p.gradient_checkpointing,
-        "use_remove_padding": True,
+        # verl packs a micro-batch into one row; flash-attn's varlen kernel keeps the sequences apart cheaply,
+        # sdpa needs a (tokens x tokens) block mask, quadratic in the whole micro-batch: pad rows instead
+        "use_remove_padding": attn == "flash_attention_2",
         "trust_remote_code": bool(v.trust_remote_code),
         # verl defaults to flash_attention_2; sdpa unless flash-attn is installed (and on cpu)
-        "override_config": {"attn_implementation": attn_implementation(p.device)},
+        "override_config": {"attn_implementation": attn},
     }
     fsdp = {"param_offload": bool(v.param_offload), "optimizer_offload": bool(v.optimizer_offload),
             "strategy": p.strategy, "mixed_precision": mixed_precision(cfg.dtype),
