@@ -61,7 +61,7 @@ def verl_cfg(model_dir, *overrides):
     """Our micro config with engine=verl (micro model, 2 GPUs), mapped to verl's config."""
     from ragen_turn.engines.verl import build_verl_config
 
-    cfg = micro_config(["engine=verl", "model=tiny", f"model.path={model_dir}", "trainer.n_gpus_per_node=2",
+    cfg = micro_config(["engine=verl", "model=tiny", f"model.path={model_dir}", "model.warmstart.enable=false", "trainer.n_gpus_per_node=2",
                         "es_manager.train.env_groups=2", "es_manager.train.group_size=2", "ppo_mini_batch_size=2",
                         "micro_batch_size_per_gpu=1", *overrides])
     return cfg, build_verl_config(cfg)
@@ -379,6 +379,28 @@ def test_config_mapping_errors_name_the_key(model_dir):
         verl_cfg(model_dir, "algo=turn_ppo", "critic.shared_backbone=true")
     with pytest.raises(ValueError, match="time_budget_s"):
         verl_cfg(model_dir, "trainer.time_budget_s=60")
+
+
+@needs_verl
+def test_launch_refuses_before_ray_starts(model_dir, tmp_path):
+    """What would fail mid-step fails in launch() before any Ray process or model building."""
+    import ray
+
+    from ragen_turn.engines.verl import launch
+
+    bad = {"micro_batch_size_per_gpu=2": ValueError, "engine.verl.rollout=sglang": ValueError,
+           "engine.verl.strategy=megatron": ValueError}
+    for override, err in bad.items():
+        cfg = micro_config(["engine=verl", "model=tiny", f"model.path={model_dir}", "model.warmstart.enable=false", "trainer.n_gpus_per_node=2",
+                            "ppo_mini_batch_size=2", "micro_batch_size_per_gpu=1", "engine.verl.device=cpu", override])
+        with pytest.raises(err):
+            launch(cfg)
+        assert not ray.is_initialized()
+    (tmp_path / "metrics.jsonl").write_text('{"step": 0}\n')
+    cfg = micro_config(["engine=verl", "model=tiny", f"model.path={model_dir}", "model.warmstart.enable=false"], run_dir=str(tmp_path))
+    with pytest.raises(FileExistsError, match="trainer.overwrite"):
+        launch(cfg)
+    assert not ray.is_initialized()
 
 
 @needs_verl
