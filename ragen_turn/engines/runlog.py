@@ -98,6 +98,15 @@ def append_metrics(path: Path, metrics: Mapping[str, Any]) -> None:
         f.write(json.dumps(clean, sort_keys=True) + "\n")
 
 
+def check_run_dir(out_dir: Any, resume: bool, overwrite: bool) -> None:
+    """A run directory that already holds a run (a non-empty ``metrics.jsonl``) needs ``resume`` or ``overwrite``."""
+    existing = Path(out_dir) / "metrics.jsonl"
+    if not resume and not overwrite and existing.is_file() and existing.stat().st_size > 0:
+        raise FileExistsError(f"{Path(out_dir)} already holds a run ({existing}): trainer.resume=true continues "
+                              "it, trainer.overwrite=true starts it over, or set another trainer.experiment_name "
+                              "/ trainer.default_local_dir")
+
+
 def truncate_metrics(path: Path, step: int) -> None:
     """Resume rule: keep the lines of steps ``<= step`` (the checkpoint's step); ``step == 0`` (a fresh run)
     removes the log."""

@@ -38,7 +38,14 @@ from ragen_turn.algos import (
 )
 from ragen_turn.config import model_config, validate_config
 from ragen_turn.engines.common import compute_advantages, kept_rows, turn_critic_targets
-from ragen_turn.engines.runlog import append_metrics, episode_metrics, progress_line, run_header, truncate_metrics
+from ragen_turn.engines.runlog import (
+    append_metrics,
+    check_run_dir,
+    episode_metrics,
+    progress_line,
+    run_header,
+    truncate_metrics,
+)
 from ragen_turn.engines.runtime import derived_seed, pick_device, seed_everything
 from ragen_turn.models import CriticModel, load_model_and_tokenizer, logprobs_and_hidden, sequence_logprobs
 from ragen_turn.rollout import ChatFormatter, EnvGroupManager, Trajectory, context_config, run_episodes, throttled
@@ -75,12 +82,7 @@ class StarPOTrainer:
         self.dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[cfg.dtype]
         seed_everything(cfg.seed)
         self.out_dir = Path(cfg.trainer.default_local_dir)
-        existing = self.out_dir / "metrics.jsonl"
-        if not cfg.trainer.resume and not cfg.trainer.get("overwrite", False) and existing.is_file() \
-                and existing.stat().st_size > 0:
-            raise FileExistsError(f"{self.out_dir} already holds a run ({existing}): trainer.resume=true continues "
-                                  "it, trainer.overwrite=true starts it over, or set another trainer.experiment_name "
-                                  "/ trainer.default_local_dir")
+        check_run_dir(self.out_dir, cfg.trainer.resume, cfg.trainer.get("overwrite", False))
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.ckpt_dir = self.out_dir / "checkpoints"
 

@@ -158,18 +158,10 @@ def check_ragen_config(cfg: DictConfig) -> Placement:
                          f"got {v.rollout_tp}")
     if int(v.prompt_length) < 1:
         raise ValueError("engine.verl.prompt_length must be >= 1")
-    check_run_dir(cfg)
+    from ragen_turn.engines.runlog import check_run_dir
+
+    check_run_dir(cfg.trainer.default_local_dir, cfg.trainer.resume, cfg.trainer.get("overwrite", False))
     return p
-
-
-def check_run_dir(cfg: DictConfig) -> None:
-    """As the local engine: a run directory that already holds a run needs trainer.resume or trainer.overwrite."""
-    existing = Path(cfg.trainer.default_local_dir) / "metrics.jsonl"
-    if not cfg.trainer.resume and not cfg.trainer.get("overwrite", False) and existing.is_file() \
-            and existing.stat().st_size > 0:
-        raise FileExistsError(f"{existing.parent} already holds a run ({existing}): trainer.resume=true continues "
-                              "it, trainer.overwrite=true starts it over, or set another trainer.experiment_name "
-                              "/ trainer.default_local_dir")
 
 
 def _without_device(cfg: DictConfig) -> DictConfig:
