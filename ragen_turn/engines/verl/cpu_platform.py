@@ -8,7 +8,8 @@ points, never into its installed files:
   cpu; never auto-detected, so it changes nothing on a GPU machine). Its ``device_module``
   (:class:`CPUDeviceModule`) is ``torch.cpu`` plus the memory/stream calls verl makes on a device
   module (peak memory = the process's peak resident set size).
-- :func:`register_cpu_engines` registers verl's own ``FSDPEngineWithLMHead`` / ``FSDPEngineWithValueHead``
+- :func:`register_cpu_engines` registers verl's ``FSDPEngineWithLMHead`` (subclassed so that the KL
+  reference is not offloaded to pinned memory, see :func:`cpu_engine_classes`) / ``FSDPEngineWithValueHead``
   for ``device="cpu"``, backend ``fsdp2`` only, in verl's ``EngineRegistry`` (FSDP1 refuses CPU
   parameters with ``sync_module_states=True``).
 - the workers that open a plain ``gloo`` process group are in :mod:`.workers`.
@@ -215,15 +216,36 @@ class PlatformCPU(PlatformBase):
 CPU_BACKENDS = ("fsdp2",)
 
 
+def cpu_engine_classes():
+    """``(language_model, value_model)`` engine classes for cpu: verl's FSDP engines, the first one with one change.
+
+    verl's FSDP2 engine puts a forward-only model (the KL reference) under ``CPUOffloadPolicy(pin_memory=True)``
+    whatever the offload settings, and pinning memory needs an accelerator. On CPU there is nothing to offload
+    to, so the reference is built like the actor (the ``fsdp_config.param_offload`` / ``offload_policy``
+    settings still apply); everything else is verl's.
+    """
+    from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead, FSDPEngineWithValueHead
+
+    class CPUFSDPEngineWithLMHead(FSDPEngineWithLMHead):
+        def _build_fsdp_module(self, module):
+            forward_only = self.engine_config.forward_only
+            self.engine_config.forward_only = False  # only the offload choice reads it here
+            try:
+                return super()._build_fsdp_module(module)
+            finally:
+                self.engine_config.forward_only = forward_only
+
+    return CPUFSDPEngineWithLMHead, FSDPEngineWithValueHead
+
+
 def register_cpu_engines() -> None:
-    """verl's FSDP engines under ``device="cpu"`` in its ``EngineRegistry`` (idempotent).
+    """The FSDP2 engines under ``device="cpu"`` in verl's ``EngineRegistry`` (idempotent).
 
     Importing verl's FSDP module reads the platform, so call this only when it is ours.
     """
     from verl.workers.engine.base import EngineRegistry
-    from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead, FSDPEngineWithValueHead
 
-    for model_type, cls in (("language_model", FSDPEngineWithLMHead), ("value_model", FSDPEngineWithValueHead)):
+    for model_type, cls in zip(("language_model", "value_model"), cpu_engine_classes()):
         have = EngineRegistry._engines.get(model_type, {})
         todo = [b for b in CPU_BACKENDS if PLATFORM_NAME not in have.get(b, {})]
         if todo:
