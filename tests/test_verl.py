@@ -194,6 +194,7 @@ def test_loss_runs_inside_verls_ppo_loss(model_dir):
     from verl.workers.utils.padding import left_right_2_no_padding
 
     from ragen_turn import algos
+    from ragen_turn.engines.verl import register  # noqa: F401  (our losses in verl's registry)
     from ragen_turn.engines.verl.losses import TURNS_FIELD, ppo_loss_with_turn_counts
 
     _, vcfg = verl_cfg(model_dir, "algo=turn_ppo")
@@ -207,7 +208,20 @@ def test_loss_runs_inside_verls_ppo_loss(model_dir):
     ref, _ = algos.get_policy_loss_fn("turn_ppo")(old, new, adv, mask, None,
                                                   {"clip_ratio_low": 0.2, "clip_ratio_high": 0.28})
     assert torch.allclose(loss, ref, atol=1e-6)
-    assert actor.global_batch_info["batch_num_turns"] == float(td[TURNS_FIELD][0])
+    assert "batch_num_turns" not in actor.global_batch_info  # taken out again before verl's entropy/KL agg_loss
+
+    # entropy bonus and KL on: verl's ppo_loss aggregates both after our loss, with its own normalisers
+    _, vcfg = verl_cfg(model_dir, "algo=turn_ppo", "actor_rollout_ref.actor.entropy_coeff=0.01",
+                       "actor_rollout_ref.actor.use_kl_loss=true")
+    actor = omega_conf_to_dataclass(vcfg.actor_rollout_ref.actor)
+    td, log_prob_values = _padded_td(mask, {"old_log_probs": old, "advantages": adv, "ref_log_prob": old}, new)
+    td[TURNS_FIELD] = torch.full((4,), float((algos.turn_ids_from_mask(mask).max(dim=1).values + 1).sum()))
+    td = left_right_2_no_padding(td)
+    tu.assign_non_tensor(td, dp_size=1, batch_num_tokens=int(mask.sum()), global_batch_size=4)
+    out = {"log_probs": log_prob_values, "entropy": torch.full_like(log_prob_values, 2.0)}
+    loss2, metrics2 = ppo_loss_with_turn_counts(actor, out, td)
+    kl = algos.masked_mean(algos.kl_penalty(new, old, actor.kl_loss_type), mask)
+    assert torch.allclose(loss2, ref - 0.01 * 2.0 + actor.kl_loss_coef * kl, atol=1e-5)
 
 
 def _padded_td(response_mask, fields, model_out, cover=None, prompt_len=3):
