@@ -949,7 +949,8 @@ from verl.utils.flops_counter import get_device_flops
 assert get_device_name() == "cpu" and get_nccl_backend() == "gloo" and get_resource_name() == "GPU"
 import torch
 assert torch.zeros(1).to(get_device_id()).device.type == "cpu"
-assert EngineRegistry.get_engine_cls("language_model", "fsdp2") is FSDPEngineWithLMHead
+lm = EngineRegistry.get_engine_cls("language_model", "fsdp2")
+assert issubclass(lm, FSDPEngineWithLMHead) and lm._build_fsdp_module is not FSDPEngineWithLMHead._build_fsdp_module
 assert EngineRegistry.get_engine_cls("value_model", "fsdp2") is FSDPEngineWithValueHead
 try:
     EngineRegistry.get_engine_cls("language_model", "fsdp")
