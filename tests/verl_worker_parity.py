@@ -1,6 +1,8 @@
 """verl's real workers vs the local engine on one batch and the same weights (run in a fresh process).
 
-    python tests/verl_worker_parity.py OUT.json turn_ppo token_ppo st_ppo
+    python tests/verl_worker_parity.py OUT.json turn_ppo token_ppo st_ppo [--micro N]
+
+``--micro N`` sets ``micro_batch_size_per_gpu`` (default 4: one micro-batch per mini-batch of 4 episodes).
 
 For each algorithm: a local Ray cluster on the CPU platform, verl's FSDP2 actor and critic workers
 (``TrainerBuilder.build_trainer``, the run's own code), one train batch played by verl's agent-loop
@@ -56,10 +58,11 @@ def model_dir(root: Path) -> Path:
     return path
 
 
-def overrides(algo: str, path: Path, run_dir: str) -> list:
+def overrides(algo: str, path: Path, run_dir: str, micro: int = 4) -> list:
     return [f"algo={algo}", "model=tiny", f"model.path={path}", "model.warmstart.enable=false",
+            f"micro_batch_size_per_gpu={micro}",
             "es_manager.train.env_groups=2", "es_manager.train.group_size=2", "agent_proxy.max_turn=3",
-            "actor_rollout_ref.rollout.response_length=8", "ppo_mini_batch_size=4", "micro_batch_size_per_gpu=4",
+            "actor_rollout_ref.rollout.response_length=8", "ppo_mini_batch_size=4",
             "actor_rollout_ref.actor.grad_clip=1e9", "critic.grad_clip=1e9", "device=cpu", "seed=3",
             # raw advantages: whitened ones make a first-step turn-mean loss exactly 0 (ratio 1), a weak check
             "algorithm.norm_adv=false",
@@ -271,15 +274,15 @@ def compare(v: dict, loc: dict) -> dict:
     return res
 
 
-def main(out: str, algos: list) -> None:
+def main(out: str, algos: list, micro: int = 4) -> None:
     from helpers import micro_config
 
     root = Path(tempfile.mkdtemp(prefix="verl_parity_"))
     path = model_dir(root)
     results = {}
     for algo in algos:
-        vcfg_in = micro_config(["engine=verl", *overrides(algo, path, str(root / f"verl_{algo}"))])
-        lcfg_in = micro_config(overrides(algo, path, str(root / f"local_{algo}")))
+        vcfg_in = micro_config(["engine=verl", *overrides(algo, path, str(root / f"verl_{algo}"), micro)])
+        lcfg_in = micro_config(overrides(algo, path, str(root / f"local_{algo}"), micro))
         v = run_verl(vcfg_in)
         loc = run_local(lcfg_in, v, path)
         results[algo] = compare(v, loc)
@@ -288,4 +291,11 @@ def main(out: str, algos: list) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2:])
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("algos", nargs="+")
+    ap.add_argument("--micro", type=int, default=4)
+    args = ap.parse_args()
+    main(args.out, args.algos, args.micro)
