@@ -59,9 +59,9 @@ def model_path_for_verl(cfg: Any, log=print) -> str:
     if cfg.get("model_path"):
         model["path"] = cfg.model_path
     path = resolve_model_path(model, dtype=cfg.get("dtype"))
-    if cfg.model.get("warmstart", {}).get("enable", False):
-        from ragen_turn.warmstart import warmstart_dir
+    from ragen_turn.warmstart import warmstart_dir, warmstart_enabled
 
+    if warmstart_enabled(cfg, log):
         path = warmstart_dir(cfg, path, log=log)
     return str(path)
 
