@@ -36,6 +36,7 @@ import ragen_turn.engines.verl.agent_loop  # noqa: E402,F401
 
 MICRO = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, intermediate_size=64)
 HEAD_STD = 0.5  # a non-zero value head, so the critic's backbone gets gradients too
+EOS_SCALE = 50.0  # about 0.1 probability of ending a turn at each token
 
 
 def model_dir(root: Path) -> Path:
@@ -45,6 +46,7 @@ def model_dir(root: Path) -> Path:
     critic gets the same tensors.
     """
     from safetensors.torch import load_file, save_file
+    from transformers import AutoTokenizer
 
     from ragen_turn.models import export_model
 
@@ -52,6 +54,10 @@ def model_dir(root: Path) -> Path:
     state = {k: v.clone() for k, v in load_file(path / "model.safetensors").items()}
     hidden = MICRO["hidden_size"]
     g = torch.Generator().manual_seed(7)
+    # a larger end-of-message embedding (tied to the output layer): some turns stop after a few tokens, so the
+    # episodes have different numbers of sampled tokens
+    eos = AutoTokenizer.from_pretrained(path).eos_token_id
+    state["model.embed_tokens.weight"][eos] *= EOS_SCALE
     state["score.weight"] = torch.randn(1, hidden, generator=g) * HEAD_STD
     state["score.bias"] = torch.randn(1, generator=g) * HEAD_STD
     save_file(state, path / "model.safetensors", metadata={"format": "pt"})
