@@ -222,4 +222,7 @@ def warmstart_dir(cfg: DictConfig, model_path: str | Path, log=print) -> Path:
         log(f"[warmstart] cached warm start {path}")
     else:
         warmstart(model, tokenizer, cfg, log=log)
+    del model
+    if torch.cuda.is_available():  # the workers start next: give back what the SFT held on the GPU
+        torch.cuda.empty_cache()
     return path
