@@ -16,5 +16,8 @@ for a in "$@"; do
   case "$a" in --multirun|-m) args+=("hydra.mode=MULTIRUN") ;; *) args+=("$a") ;; esac
 done
 set -- "${args[@]+"${args[@]}"}"
+# engine=verl runs in the verl venv when there is one (pip install -e '.[verl]' or '.[gpu]' into .venv-verl)
+VENV=.venv
+for a in "$@"; do [ "$a" = engine=verl ] && [ -x .venv-verl/bin/python ] && VENV=.venv-verl; done
 . scripts/python.sh
 exec "$PY" -m ragen_turn.train env="$ENV_NAME" algo="$ALGO" "$@"

@@ -221,3 +221,23 @@ def warmstart(model: torch.nn.Module, tokenizer: Any, cfg: DictConfig, log=print
         shutil.rmtree(tmp, ignore_errors=True)
     log(f"[warmstart] saved to {path}")
     return model
+
+
+def warmstart_dir(cfg: DictConfig, model_path: str | Path, log=print) -> Path:
+    """The warm-started copy of the model in ``model_path`` as a Hugging Face directory (model + tokenizer).
+
+    For engines that load from a path (verl): the same cache entry the local engine's :func:`warmstart`
+    reads and writes, built here first when it is missing.
+    """
+    from ragen_turn.models import load_hf
+
+    model, tokenizer = load_hf(model_path, device="cpu", dtype=cfg.dtype)
+    path = cache_dir(cfg, tokenizer)
+    if (path / "warmstart.json").is_file():
+        log(f"[warmstart] cached warm start {path}")
+    else:
+        warmstart(model, tokenizer, cfg, log=log)
+    del model
+    if torch.cuda.is_available():  # the workers start next: give back what the SFT held on the GPU
+        torch.cuda.empty_cache()
+    return path

@@ -1,13 +1,16 @@
-"""The verl engine (multi-GPU: Ray + FSDP/Megatron + vLLM/SGLang, verl 0.9.1).
+"""The verl engine: Ray + FSDP workers + an agent loop, verl 0.9.1 (GPUs, or CPU with a transformers rollout).
 
-``bash train.sh sokoban turn_ppo engine=verl trainer.n_gpus_per_node=8 model.path=...`` ends in
-:func:`launch`. Importing this package never imports verl (so ``import ragen_turn`` works without
-it); :func:`launch` does, and says how to install it when it is missing.
+``bash train.sh sokoban turn_ppo engine=verl`` ends in :func:`launch`. Importing this package never
+imports verl (so ``import ragen_turn`` works without it); :func:`launch` does, and says how to
+install it when it is missing.
 
-Modules (each imports verl): :mod:`.register` (our policy losses and ``turn_gae`` in verl's
-registries), :mod:`.config` (our Hydra keys -> verl's config), :mod:`.agent_loop` (the verl agent
-loop that plays our environments turn by turn), :mod:`.losses` (the actor loss with turn counts),
-:mod:`.trainer` (``StarPOTrainer`` / ``TurnPPOTrainer`` on verl's ``RayPPOTrainer``). See docs/verl.md.
+Modules (each imports verl): :mod:`.config` (our Hydra keys -> verl's config, device placement and
+every check), :mod:`.register` (our policy losses and ``turn_gae`` in verl's registries),
+:mod:`.agent_loop` (the verl agent loop that plays our environments turn by turn), :mod:`.losses`
+(the actor loss with turn counts), :mod:`.trainer` (``StarPOTrainer`` / ``TurnPPOTrainer`` on verl's
+``RayPPOTrainer``, ``TaskRunner``), :mod:`.cpu_platform` (verl's platform registry: ``cpu``),
+:mod:`.workers` (verl's workers on a gloo process group), :mod:`.hf_rollout` (the ``hf`` rollout in
+verl's rollout registries), :mod:`.models` (the critic loader without flash-attn or trl). See docs/verl.md.
 """
 from __future__ import annotations
 
@@ -15,9 +18,9 @@ import importlib.util
 from typing import Any, Dict
 
 VERL_VERSION = "0.9.1"
-INSTALL_HINT = ("engine=verl needs verl {v} and its GPU stack: pip install -e '.[gpu]' "
-                "(verl[vllm]=={v} plus cachetools uvicorn fastapi pyzmq msgspec). "
-                "On one GPU or CPU, use engine=local.").format(v=VERL_VERSION)
+INSTALL_HINT = ("engine=verl needs verl {v}: pip install -e '.[verl]' (CPU: verl with the CPU torch) or "
+                "pip install -e '.[gpu]' (GPUs: verl[vllm]=={v}); both add cachetools uvicorn fastapi pyzmq msgspec."
+                ).format(v=VERL_VERSION)
 
 
 class VerlNotInstalled(ImportError, ValueError):
@@ -43,18 +46,33 @@ def require_verl() -> None:
         raise VerlNotInstalled(f"verl's trainer needs {', '.join(missing)} (not declared by verl). {INSTALL_HINT}")
 
 
-def build_verl_config(cfg: Any):
-    """Our resolved config -> verl's (model directory resolved; built for tiny/smollm2 names)."""
-    require_verl()
-    from ragen_turn.models import resolve_model_path
+def model_path_for_verl(cfg: Any, log=print) -> str:
+    """The Hugging Face directory verl loads the actor (and the critic) from.
 
-    from .config import to_verl_config
+    ``model.path`` / ``model_path`` or the built tiny/smollm2 model; with ``model.warmstart.enable`` the
+    warm-started (SFT) copy of it, from the same cache the local engine uses (run here, before Ray,
+    when it is not cached yet).
+    """
+    from ragen_turn.models import resolve_model_path
 
     model = dict(cfg.model)
     if cfg.get("model_path"):
         model["path"] = cfg.model_path
     path = resolve_model_path(model, dtype=cfg.get("dtype"))
-    return to_verl_config(cfg, model_path=str(path))
+    from ragen_turn.warmstart import warmstart_dir, warmstart_enabled
+
+    if warmstart_enabled(cfg, log):
+        path = warmstart_dir(cfg, path, log=log)
+    return str(path)
+
+
+def build_verl_config(cfg: Any, log=print):
+    """Our resolved config -> verl's (config checked first; model directory resolved and warm-started)."""
+    require_verl()
+    from .config import check_ragen_config, to_verl_config
+
+    check_ragen_config(cfg)  # before any model building or SFT
+    return to_verl_config(cfg, model_path=model_path_for_verl(cfg, log=log))
 
 
 def check_config(cfg: Any) -> None:
@@ -67,28 +85,49 @@ def check_config(cfg: Any) -> None:
 
 
 def launch(cfg: Any) -> Dict[str, float]:
-    """Train with verl: take the run directory (its lock: one process per run dir), map the config, check it with
-    verl's own classes, then ``run_ppo``."""
+    """Train with verl: take the run directory (its lock: one process per run dir), check and map the config,
+    then ``run_ppo`` on a local Ray cluster it starts.
+
+    Every check runs before Ray starts (ours, then verl's own config classes). Returns the last
+    line of ``metrics.jsonl``.
+    """
+    import json
+    import os
+    from pathlib import Path
+
     require_verl()
     from ragen_turn.engines.rundir import check_run_dir
 
     check_run_dir(cfg)
     vcfg = build_verl_config(cfg)
-    from .config import check_verl_config
+    from .config import check_verl_config, resolve_placement, worker_env
 
     check_verl_config(vcfg)
-    import os
+    # this process imported verl already: set what the Ray workers get through their runtime env here too,
+    # and register the CPU platform before verl's driver code asks for one
+    os.environ.update(worker_env(resolve_placement(cfg)))
+    from . import cpu_platform  # noqa: F401
 
+    import ray
     from verl.trainer.main_ppo import run_ppo
 
     from .trainer import TaskRunner
 
-    # this process imports verl already; the Ray workers get the variable through the runtime env
-    os.environ.setdefault("VERL_USE_EXTERNAL_MODULES", str(
-        vcfg.ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES))
-    run_ppo(vcfg, task_runner_class=TaskRunner)
-    return {}
+    started = not ray.is_initialized()
+    try:
+        run_ppo(vcfg, task_runner_class=TaskRunner)
+    finally:
+        if started and ray.is_initialized():
+            ray.shutdown()
+    metrics = Path(vcfg.ragen.trainer.default_local_dir) / "metrics.jsonl"
+    lines = metrics.read_text().splitlines() if metrics.is_file() else []
+    last = json.loads(lines[-1]) if lines else {}
+    # Ray may drop a worker's last printed lines when the cluster stops: say where the run ended from here
+    from ragen_turn.engines.runlog import progress_line
+
+    print(f"[ragen_turn] verl run finished: {progress_line(last)} (metrics: {metrics})", flush=True)
+    return last
 
 
-__all__ = ["launch", "check_config", "build_verl_config", "require_verl", "VerlNotInstalled", "INSTALL_HINT",
+__all__ = ["launch", "check_config", "build_verl_config", "model_path_for_verl", "require_verl", "VerlNotInstalled", "INSTALL_HINT",
            "VERL_VERSION"]

@@ -26,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Dict, List, Optional, Sequence
 from uuid import uuid4
 
+import numpy as np
 from omegaconf import OmegaConf
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput, register
 
@@ -168,15 +169,40 @@ def episode_to_output(ep: Episode, prompt_length: int, response_length: int,
 # ------------------------------------------------------------------------------------------------
 # the policy: one verl server request per turn, from the episode's thread
 # ------------------------------------------------------------------------------------------------
+STOP_STRINGS = ["</answer>"]  # as the local engine's sampler: a turn ends with its answer
+
+
+def stop_token_ids(tokenizer: Any) -> List[int]:
+    """The end-of-sequence id and the chat template's end-of-message id (``<|im_end|>``) when it has one."""
+    ids = set()
+    for t in (tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")):
+        if isinstance(t, int) and t >= 0 and t != tokenizer.unk_token_id:
+            ids.add(t)
+    return sorted(ids)
+
+
+def request_seed(episode_seed: int, turn: int) -> int:
+    """The sampling seed of one turn's request (vLLM's ``seed``; the hf rollout's per-request generator)."""
+    return int(np.random.SeedSequence([int(episode_seed), int(turn)]).generate_state(1, dtype=np.uint64)[0] % 2**63)
+
+
 class ServerPolicy:
-    """``Policy.generate`` over verl's async LLM server client, called from a worker thread."""
+    """``Policy.generate`` over verl's async LLM server client, called from a worker thread.
+
+    Each request asks for at most ``max_new_tokens``, stops at :data:`STOP_STRINGS` (kept in the
+    output) or ``stop_token_ids``, and carries a seed from ``episode_seed`` and the turn, so a
+    seeded run samples the same tokens whatever requests the server batches together.
+    """
 
     def __init__(self, server_manager: Any, sampling_params: Dict[str, Any], loop: asyncio.AbstractEventLoop,
-                 request_id: str):
+                 request_id: str, episode_seed: Optional[int] = None, stop_ids: Sequence[int] = ()):
         self.server = server_manager
-        self.sampling_params = dict(sampling_params)
+        self.sampling_params = dict(sampling_params, stop=list(STOP_STRINGS), include_stop_str_in_output=True,
+                                    stop_token_ids=list(stop_ids))
         self.loop = loop
         self.request_id = request_id
+        self.episode_seed = episode_seed
+        self.turn = 0
         self.logprobs: Optional[List[float]] = []
         self.num_preempted = 0
 
@@ -184,6 +210,9 @@ class ServerPolicy:
         outs = []
         for ids in prompts:
             params = dict(self.sampling_params, max_tokens=int(max_new_tokens))
+            if self.episode_seed is not None:
+                params["seed"] = request_seed(self.episode_seed, self.turn)
+            self.turn += 1
             coro = self.server.generate(request_id=self.request_id, prompt_ids=list(ids), sampling_params=params)
             out = asyncio.run_coroutine_threadsafe(coro, self.loop).result()
             tokens = list(out.token_ids)
@@ -209,6 +238,7 @@ class RagenEnvAgentLoop(AgentLoopBase):
         self.env_specs = OmegaConf.to_container(self.rcfg.custom_envs, resolve=True)
         self.ctx = context_config(self.rcfg)
         self.formatter = formatter_for(self.tokenizer)
+        self.stop_ids = stop_token_ids(self.tokenizer)
         self.prompt_length = int(self.rollout_config.prompt_length)
         self.response_length = int(self.rollout_config.response_length)
 
@@ -228,7 +258,9 @@ class RagenEnvAgentLoop(AgentLoopBase):
 
     async def run(self, sampling_params: Dict[str, Any], **kwargs) -> AgentLoopOutput:
         loop = asyncio.get_running_loop()
-        policy = ServerPolicy(self.server_manager, sampling_params, loop, uuid4().hex)
+        seed = kwargs.get("sample_seed")
+        policy = ServerPolicy(self.server_manager, sampling_params, loop, uuid4().hex,
+                              episode_seed=None if seed is None else int(seed), stop_ids=self.stop_ids)
         threads = int(self.rcfg.engine.verl.get("env_threads", 64))
         t0 = time.perf_counter()
         episode = await loop.run_in_executor(_executor(threads), self.play, str(kwargs["env_tag"]),

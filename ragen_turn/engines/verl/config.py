@@ -9,6 +9,8 @@ them through verl's dataclasses and its ``validate_config``.
 """
 from __future__ import annotations
 
+import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Optional
@@ -18,8 +20,83 @@ from verl.workers.config import PolicyLossConfig
 
 from ragen_turn.config import kept_batch_size, validate_config
 
-EXTERNAL_MODULES = "ragen_turn.engines.verl.register,ragen_turn.engines.verl.agent_loop"
+# every Ray worker imports these at `import verl` (VERL_USE_EXTERNAL_MODULES); the CPU platform first, so it
+# exists before anything asks verl for one
+EXTERNAL_MODULES = ",".join("ragen_turn.engines.verl." + m for m in (
+    "cpu_platform", "models", "hf_rollout", "register", "agent_loop"))
 AGENT_LOOP_NAME = "ragen_turn_env"
+DEVICES = ("auto", "cpu", "cuda")
+ROLLOUTS = ("hf", "vllm", "sglang")
+STRATEGIES = ("fsdp", "fsdp2", "megatron")
+INSTALL = {"cpu": "pip install -e '.[verl]'", "cuda": "pip install -e '.[gpu]'"}
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where and how verl runs: the ``engine.verl`` keys left null, resolved for the device."""
+
+    device: str           # cpu | cuda
+    rollout: str          # hf | vllm | sglang
+    strategy: str         # fsdp | fsdp2 | megatron
+    n_gpus_per_node: int  # FSDP workers per node (on cpu: worker processes)
+    nnodes: int
+    agent_workers: int
+    gradient_checkpointing: bool
+
+    @property
+    def world_size(self) -> int:
+        return self.n_gpus_per_node * self.nnodes
+
+
+def resolve_placement(cfg: DictConfig) -> Placement:
+    """``engine.verl.device`` (auto: cuda when torch sees a GPU, else cpu) and the defaults that follow from it.
+
+    Raises ValueError naming the key for an unknown device / rollout / strategy, cuda without a GPU,
+    vllm or sglang on cpu or not installed, FSDP1 on cpu, and a non-positive worker count.
+    """
+    import importlib.util
+
+    import torch
+
+    v = cfg.engine.verl
+    device = str(v.get("device") or "auto")
+    if device.startswith("cuda:"):
+        device = "cuda"
+    if device not in DEVICES:
+        raise ValueError(f"engine.verl.device must be one of {DEVICES}, got {device!r}")
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    elif device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("engine.verl.device=cuda but torch sees no GPU: use engine.verl.device=cpu (or auto)")
+    rollout = v.get("rollout") or ("hf" if device == "cpu" else "vllm")
+    if rollout not in ROLLOUTS:
+        raise ValueError(f"engine.verl.rollout must be one of {ROLLOUTS}, got {rollout!r}")
+    if rollout != "hf":
+        if device == "cpu":
+            raise ValueError(f"engine.verl.rollout={rollout} needs a GPU; on cpu use engine.verl.rollout=hf")
+        if importlib.util.find_spec(rollout) is None:
+            raise ValueError(f"engine.verl.rollout={rollout} but {rollout} is not installed "
+                             f"({INSTALL['cuda']} installs vllm); or use engine.verl.rollout=hf")
+    strategy = v.get("strategy") or ("fsdp2" if device == "cpu" else "fsdp")
+    if strategy not in STRATEGIES:
+        raise ValueError(f"engine.verl.strategy must be one of {STRATEGIES}, got {strategy!r}")
+    if device == "cpu" and strategy != "fsdp2":
+        raise ValueError(f"engine.verl.strategy={strategy} does not run on cpu (FSDP1 refuses CPU parameters, "
+                         "Megatron needs GPUs): use engine.verl.strategy=fsdp2")
+    n = cfg.trainer.get("n_gpus_per_node")
+    n = int(n) if n is not None else (1 if device == "cpu" else torch.cuda.device_count())
+    nnodes = int(cfg.trainer.get("nnodes") or 1)
+    if n < 1 or nnodes < 1:
+        raise ValueError(f"trainer.n_gpus_per_node ({n}) and trainer.nnodes ({nnodes}) must be >= 1 for engine=verl")
+    if device == "cpu" and nnodes != 1:
+        raise ValueError("engine.verl.device=cpu runs on this machine only: trainer.nnodes must be 1")
+    workers = v.get("agent_num_workers")
+    workers = int(workers) if workers is not None else (1 if device == "cpu" else 8)
+    if workers < 1:
+        raise ValueError(f"engine.verl.agent_num_workers must be >= 1, got {workers}")
+    gc = v.get("gradient_checkpointing")
+    gc = bool(gc) if gc is not None else device != "cpu"
+    return Placement(device, rollout, strategy, n, nnodes, workers, gc)
 
 
 @dataclass
@@ -51,36 +128,47 @@ def _plain(x: Any) -> Any:
     return OmegaConf.to_container(x, resolve=True) if OmegaConf.is_config(x) else x
 
 
-def check_ragen_config(cfg: DictConfig) -> None:
-    """Our config checks (``ragen_turn.config``) plus what verl's batching needs; ValueError naming the key."""
+def check_ragen_config(cfg: DictConfig) -> Placement:
+    """Our config checks (``ragen_turn.config``) plus everything verl's step needs; ValueError naming the key.
+
+    Runs before Ray starts. Besides the shared checks: the placement (:func:`resolve_placement`),
+    and verl's batching: the kept batch is split evenly into ``ppo_mini_batch_size`` mini-batches, both
+    over the data-parallel workers, and each worker's share of a mini-batch into micro-batches of
+    ``micro_batch_size_per_gpu`` (verl's ``workers/engine/utils.py`` asserts this mid-step otherwise).
+    """
     validate_config(_without_device(cfg))
+    p = resolve_placement(cfg)
     v = cfg.engine.verl
-    n_gpus = int(cfg.trainer.n_gpus_per_node) * int(cfg.trainer.nnodes)
-    if n_gpus < 1:
-        raise ValueError("trainer.n_gpus_per_node x trainer.nnodes must be >= 1 for engine=verl")
     kept = kept_batch_size(cfg)
     bm = int(cfg.ppo_mini_batch_size)
+    mb = int(cfg.micro_batch_size_per_gpu)
     if kept % bm:
         raise ValueError(f"ppo_mini_batch_size={bm} must divide the rollout batch after filtering ({kept} = "
                          "es_manager.train.env_groups x group_size x rollout_filter_ratio): verl splits it evenly")
-    if v.strategy in ("fsdp", "fsdp2"):
-        dp = n_gpus // int(v.get("ulysses_sequence_parallel_size", 1) or 1)
+    dp = p.world_size // int(v.get("ulysses_sequence_parallel_size", 1) or 1)
+    if p.strategy in ("fsdp", "fsdp2"):
         if bm % dp or kept % dp:
             raise ValueError(f"ppo_mini_batch_size={bm} and the kept batch ({kept}) must be multiples of the data "
                              f"parallel size {dp} (trainer.n_gpus_per_node x trainer.nnodes)")
+        if (bm // dp) % mb:
+            raise ValueError(f"micro_batch_size_per_gpu={mb} must divide each worker's share of a mini-batch "
+                             f"(ppo_mini_batch_size / data parallel size = {bm} / {dp} = {bm // dp}): "
+                             f"e.g. micro_batch_size_per_gpu={math.gcd(mb, bm // dp)}")
+    if p.rollout == "hf" and int(v.rollout_tp) != 1:
+        raise ValueError(f"engine.verl.rollout=hf runs one server per worker: engine.verl.rollout_tp must be 1, "
+                         f"got {v.rollout_tp}")
     pl = cfg.actor_rollout_ref.actor.policy_loss
     from ragen_turn.algos import needs_minibatch_stats
 
-    if needs_minibatch_stats(str(pl.loss_mode), _plain(pl)) and (n_gpus > 1 or int(cfg.micro_batch_size_per_gpu) < bm):
+    if needs_minibatch_stats(str(pl.loss_mode), _plain(pl)) and (p.world_size > 1 or mb < bm):
         raise ValueError("actor_rollout_ref.actor.policy_loss.clip_bias_level=batch on engine=verl needs "
-                         f"micro_batch_size_per_gpu ({cfg.micro_batch_size_per_gpu}) >= ppo_mini_batch_size ({bm}) "
-                         f"on one GPU (here {n_gpus}): verl back-propagates each micro-batch before it has seen the "
-                         "next, so the mini-batch statistic cannot be gathered first (engine=local does); "
-                         "or use clip_bias_level=sample")
-    if v.rollout_name not in ("vllm", "sglang"):
-        raise ValueError(f"engine.verl.rollout_name must be vllm or sglang, got {v.rollout_name!r}")
+                         f"micro_batch_size_per_gpu ({mb}) >= ppo_mini_batch_size ({bm}) on one worker (here "
+                         f"{p.world_size}): verl back-propagates each micro-batch before it has seen the next, so "
+                         "the mini-batch statistic cannot be gathered first (engine=local does); or use "
+                         "clip_bias_level=sample")
     if int(v.prompt_length) < 1:
         raise ValueError("engine.verl.prompt_length must be >= 1")
+    return p
 
 
 def _without_device(cfg: DictConfig) -> DictConfig:
@@ -90,11 +178,45 @@ def _without_device(cfg: DictConfig) -> DictConfig:
     return c
 
 
+def attn_implementation(device: str) -> str:
+    from .models import attn_implementation as pick
+
+    return pick(device)
+
+
+def mixed_precision(dtype: str) -> Dict[str, str]:
+    """FSDP's parameter / reduce / buffer dtypes for our ``dtype`` key (verl's default is bf16 parameters)."""
+    names = {"float32": "fp32", "bfloat16": "bf16"}
+    if dtype not in names:
+        raise ValueError(f"dtype must be float32 or bfloat16 for engine=verl, got {dtype!r}")
+    return {"param_dtype": names[dtype], "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
+
+
+def worker_env(p: Placement) -> Dict[str, str]:
+    """Environment of every Ray worker: our modules in verl's registries, and the platform on cpu."""
+    env = {"VERL_USE_EXTERNAL_MODULES": EXTERNAL_MODULES, "TOKENIZERS_PARALLELISM": "true"}
+    if p.device == "cpu":
+        env["VERL_PLATFORM"] = "cpu"
+    return env
+
+
+def ray_resources(p: Placement, num_cpus: Optional[int] = None) -> Dict[str, Any]:
+    """``ray.init`` resources of the local cluster the run starts.
+
+    On cpu, verl's resource pools place each FSDP worker on a ``{GPU: 1, CPU: 3}`` bundle and check
+    that the cluster has GPUs, so the cluster gets ``num_gpus`` = workers (logical slots, nothing
+    runs on a GPU) and ``num_cpus`` = enough for those bundles plus the task runner, agent-loop,
+    reward-loop and load-balancer actors. On cuda, Ray counts the machine's own.
+    """
+    if p.device != "cpu":
+        return {"num_cpus": int(num_cpus) if num_cpus else None}
+    need = 3 * p.world_size + p.agent_workers + 6
+    return {"num_cpus": int(num_cpus) if num_cpus else max(need, os.cpu_count() or 1), "num_gpus": p.world_size}
+
+
 def to_verl_config(cfg: DictConfig, model_path: Optional[str] = None) -> DictConfig:
     """Map our resolved config onto verl's. ``model_path`` defaults to ``model.path`` / ``model_path``."""
-    check_ragen_config(cfg)
-    if cfg.model.get("warmstart", {}).get("enable", False):
-        print("[ragen_turn] engine=verl: model.warmstart is not run on verl (start from a trained checkpoint)")
+    p = check_ragen_config(cfg)
     if cfg.critic.level != "none" and cfg.critic.get("shared_backbone", False):
         raise ValueError("critic.shared_backbone=true runs on engine=local only: verl trains a separate critic model")
     if cfg.algorithm.get("bootstrap_truncated", False):
@@ -109,21 +231,26 @@ def to_verl_config(cfg: DictConfig, model_path: Optional[str] = None) -> DictCon
     if not path:
         raise ValueError("engine=verl needs model.path (a local Hugging Face checkpoint directory; "
                          "`python -m ragen_turn.models export tiny DIR` writes a tiny one)")
-    n_gpus = int(cfg.trainer.n_gpus_per_node)
-    nnodes = int(cfg.trainer.nnodes)
     kept = kept_batch_size(cfg)
     mb = int(cfg.micro_batch_size_per_gpu)
     critic_on = cfg.critic.level != "none"
     out_dir = str(Path(cfg.trainer.default_local_dir).expanduser().resolve())
     keep = int(cfg.trainer.keep_checkpoints) if cfg.trainer.keep_checkpoints else None
+    attn = attn_implementation(p.device)
     model = {
         "path": path,
         "external_lib": "ragen_turn.engines.verl.register",
-        "enable_gradient_checkpointing": bool(v.gradient_checkpointing),
-        "use_remove_padding": True,
+        "enable_gradient_checkpointing": p.gradient_checkpointing,
+        # verl packs a micro-batch into one row; flash-attn's varlen kernel keeps the sequences apart cheaply,
+        # sdpa needs a (tokens x tokens) block mask, quadratic in the whole micro-batch: pad rows instead
+        "use_remove_padding": attn == "flash_attention_2",
         "trust_remote_code": bool(v.trust_remote_code),
+        # verl defaults to flash_attention_2; sdpa unless flash-attn is installed (and on cpu)
+        "override_config": {"attn_implementation": attn},
     }
-    fsdp = {"param_offload": bool(v.param_offload), "optimizer_offload": bool(v.optimizer_offload)}
+    fsdp = {"param_offload": bool(v.param_offload), "optimizer_offload": bool(v.optimizer_offload),
+            "strategy": p.strategy, "mixed_precision": mixed_precision(cfg.dtype),
+            "use_torch_compile": p.device != "cpu"}
     over = {
         "data": {
             "train_batch_size": kept,
@@ -135,7 +262,7 @@ def to_verl_config(cfg: DictConfig, model_path: Optional[str] = None) -> DictCon
         "actor_rollout_ref": {
             "model": model,
             "actor": {
-                "strategy": v.strategy,
+                "strategy": p.strategy,
                 "ppo_mini_batch_size": int(cfg.ppo_mini_batch_size),
                 "ppo_micro_batch_size_per_gpu": mb,
                 "ppo_epochs": int(a.ppo_epochs),
@@ -152,7 +279,7 @@ def to_verl_config(cfg: DictConfig, model_path: Optional[str] = None) -> DictCon
                 "grad_clip": float(a.grad_clip),
                 "ulysses_sequence_parallel_size": int(v.ulysses_sequence_parallel_size),
                 "optim": {"lr": float(a.optim.lr), "weight_decay": float(a.optim.weight_decay),
-                          "betas": list(a.optim.betas)},
+                          "betas": list(a.optim.betas), "clip_grad": float(a.grad_clip)},
                 "policy_loss": {
                     "_target_": f"{__name__}.RagenPolicyLossConfig",
                     "loss_mode": str(a.policy_loss.loss_mode),
@@ -165,9 +292,10 @@ def to_verl_config(cfg: DictConfig, model_path: Optional[str] = None) -> DictCon
                 },
                 "fsdp_config": fsdp,
             },
-            "ref": {"log_prob_micro_batch_size_per_gpu": mb, "fsdp_config": {"param_offload": True}},
+            "ref": {"strategy": p.strategy, "log_prob_micro_batch_size_per_gpu": mb,
+                    "fsdp_config": dict(fsdp, param_offload=p.device != "cpu")},
             "rollout": {
-                "name": str(v.rollout_name),
+                "name": p.rollout,
                 "n": 1,  # our G rollouts per group are separate samples with one env seed
                 "temperature": float(r.temperature),
                 "top_p": float(r.top_p),
@@ -178,19 +306,20 @@ def to_verl_config(cfg: DictConfig, model_path: Optional[str] = None) -> DictCon
                 "val_kwargs": {"temperature": float(r.val_temperature), "do_sample": float(r.val_temperature) > 0,
                                "top_p": float(r.top_p) if float(r.val_temperature) > 0 else 1.0},
                 "multi_turn": {"enable": True},
-                "agent": {"num_workers": int(v.agent_num_workers), "default_agent_loop": AGENT_LOOP_NAME},
+                "agent": {"num_workers": p.agent_workers, "default_agent_loop": AGENT_LOOP_NAME},
             },
         },
         "critic": {
             "enable": critic_on,
-            "strategy": v.strategy,
+            "strategy": p.strategy,
             "ppo_mini_batch_size": int(cfg.ppo_mini_batch_size),
             "ppo_micro_batch_size_per_gpu": mb,
             "ppo_epochs": int(cfg.critic.ppo_epochs),
             "cliprange_value": float(cfg.critic.cliprange_value),
             "grad_clip": float(cfg.critic.grad_clip),
             "loss_agg_mode": "token-mean",
-            "optim": {"lr": float(cfg.critic.optim.lr), "weight_decay": float(cfg.critic.optim.weight_decay)},
+            "optim": {"lr": float(cfg.critic.optim.lr), "weight_decay": float(cfg.critic.optim.weight_decay),
+                      "clip_grad": float(cfg.critic.grad_clip)},
             "model": dict(model),
             "fsdp": fsdp,
         },
@@ -203,8 +332,9 @@ def to_verl_config(cfg: DictConfig, model_path: Optional[str] = None) -> DictCon
         },
         "trainer": {
             "use_v1": False,
-            "n_gpus_per_node": n_gpus,
-            "nnodes": nnodes,
+            "n_gpus_per_node": p.n_gpus_per_node,
+            "nnodes": p.nnodes,
+            "device": p.device,
             "total_training_steps": int(cfg.trainer.total_training_steps),
             "project_name": str(cfg.wandb.project),
             "experiment_name": str(cfg.trainer.experiment_name),
@@ -219,10 +349,9 @@ def to_verl_config(cfg: DictConfig, model_path: Optional[str] = None) -> DictCon
             "balance_batch": True,
             "critic_warmup": 0,
         },
-        "ray_kwargs": {"ray_init": {"runtime_env": {"env_vars": {
-            "VERL_USE_EXTERNAL_MODULES": EXTERNAL_MODULES,
-            "TOKENIZERS_PARALLELISM": "true",
-        }}}},
+        "reward": {"num_workers": 1 if p.device == "cpu" else 8},  # our agent loop scores episodes itself
+        "ray_kwargs": {"ray_init": dict(ray_resources(p, v.get("ray_num_cpus")),
+                                        runtime_env={"env_vars": worker_env(p)})},
     }
     vcfg = verl_default_config()
     OmegaConf.set_struct(vcfg, False)

@@ -53,8 +53,13 @@ def core_config(config: Any) -> Dict[str, Any]:
 
 
 def _batch_info(config: Any) -> Dict[str, Any]:
+    """A copy of ``config.global_batch_info``; the turn count (ours) is taken out of verl's dict, which verl's
+    ``ppo_loss`` then passes to ``agg_loss`` for the entropy and KL terms (it takes no such argument)."""
     info = cfg_get(config, "global_batch_info") if config is not None else None
-    return dict(info or {})
+    out = dict(info or {})
+    if isinstance(info, dict):
+        info.pop("batch_num_turns", None)
+    return out
 
 
 def global_counts(name: str, response_mask: torch.Tensor, agg: Optional[str],

@@ -63,9 +63,14 @@ def SeedPlan(custom_envs, split_cfg, split: str = "train") -> EnvGroupManager:
     return EnvGroupManager(custom_envs, split_cfg, split, build_envs=False)
 
 
-def gen_batch(slots: Sequence[EnvSlot], split: str, step: int) -> DataProto:
-    """The agent loop's input: one sample per env slot (no tensors; verl passes the fields to ``run``)."""
+def gen_batch(slots: Sequence[EnvSlot], split: str, step: int, seed: int = 0) -> DataProto:
+    """The agent loop's input: one sample per env slot (no tensors; verl passes the fields to ``run``).
+
+    ``sample_seed`` (from ``seed``, the split, the step and the slot) seeds the episode's sampling.
+    """
     n = len(slots)
+    split_id = {"train": 0, "val": 1}.get(split, 2)
+    seeds = np.random.SeedSequence([int(seed), split_id, int(step)]).generate_state(max(n, 1), dtype=np.uint64)
 
     def arr(values, dtype=object):
         return np.array(list(values), dtype=dtype)
@@ -77,6 +82,7 @@ def gen_batch(slots: Sequence[EnvSlot], split: str, step: int) -> DataProto:
         "group_id": arr((s.group_id for s in slots), np.int64),
         "uid": arr(f"{split}-{step}-{s.group_id}" for s in slots),
         "raw_prompt": arr(f"{s.tag} seed={s.seed}" for s in slots),
+        "sample_seed": arr((int(x % 2**63) for x in seeds[:n]), np.int64),
     })
 
 
@@ -193,7 +199,7 @@ class StarPOTrainer(RayPPOTrainer):
 
     # ---------------------------------------------------------------------------------- rollout
     def rollout(self, slots: Sequence[EnvSlot], split: str, step: int) -> tuple[DataProto, Dict[str, float]]:
-        batch = gen_batch(slots, split, step)
+        batch = gen_batch(slots, split, step, int(self.rcfg.seed))
         batch.meta_info.update(validate=split == "val", global_steps=step)
         padded, pad = pad_dataproto_to_divisor(batch, int(self.config.actor_rollout_ref.rollout.agent.num_workers))
         out = self.async_rollout_manager.generate_sequences(padded)
@@ -217,6 +223,46 @@ class StarPOTrainer(RayPPOTrainer):
         batch.batch["token_level_scores"] = rewards
         batch.batch["token_level_rewards"] = rewards
 
+    def score(self, batch: DataProto, metrics: Dict[str, float], timing: Dict[str, float]) -> DataProto:
+        """Old log-probs (actor worker), reference log-probs (KL on) and critic values (critic worker)."""
+        batch.meta_info["temperature"] = self.config.actor_rollout_ref.rollout.temperature
+        batch.meta_info["global_token_num"] = torch.sum(batch.batch["attention_mask"], dim=-1).tolist()
+        batch.meta_info["images_seqlens"] = []
+        with marked_timer("old_log_prob", timing):
+            old, mfu = self._compute_old_log_prob(batch)
+            entropys = old.batch.pop("entropys")
+            a = self.config.actor_rollout_ref.actor
+            metrics["actor/entropy"] = agg_loss(loss_mat=entropys, loss_mask=batch.batch["response_mask"],
+                                                loss_agg_mode=a.loss_agg_mode).item()
+            metrics["perf/mfu/actor_infer"] = mfu
+            batch = batch.union(old)
+        if self.use_reference_policy:
+            with marked_timer("ref", timing):
+                batch = batch.union(self._compute_ref_log_prob(batch))
+        if self.use_critic:
+            with marked_timer("values", timing):
+                batch = batch.union(self._compute_values(batch))
+        return batch
+
+    def update_critic(self, batch: DataProto, traj: Trajectory) -> Dict[str, float]:
+        """verl's critic update (its value loss) on :func:`critic_batch` (turn starts only for a turn critic)."""
+        out = self._update_critic(critic_batch(batch, traj, self.rcfg.critic.level))
+        metrics = reduce_metrics(out.meta_info["metrics"])
+        if "critic/vf_loss" in metrics:  # our name (DESIGN.md) for verl's
+            metrics["critic/value_loss"] = metrics["critic/vf_loss"]
+        return metrics
+
+    def update_actor(self, batch: DataProto, traj: Trajectory) -> Dict[str, float]:
+        """verl's actor update (its ``ppo_loss`` calling our registered policy loss), with the turn counts."""
+        dp = self._get_dp_size(self.actor_rollout_wg, "actor")
+        mini = int(self.config.actor_rollout_ref.actor.ppo_mini_batch_size)
+        keys = list(TRAIN_KEYS) + ["old_log_probs", "advantages"]
+        if "ref_log_prob" in batch.batch.keys():
+            keys.append("ref_log_prob")
+        actor_batch = DataProto.from_dict(tensors={k: batch.batch[k] for k in keys}, meta_info=dict(batch.meta_info))
+        actor_batch.batch[TURNS_FIELD] = minibatch_turn_counts(traj.turn_mask.sum(dim=1), mini, dp)
+        return reduce_metrics(self._update_actor(actor_batch).meta_info["metrics"])
+
     def train_step(self) -> Dict[str, float]:
         metrics: Dict[str, float] = {}
         timing: Dict[str, float] = {}
@@ -232,26 +278,9 @@ class StarPOTrainer(RayPPOTrainer):
             keep = kept_rows(traj.group_ids, traj.episode_rewards, r.rollout_filter_ratio, r.rollout_filter_type)
             if len(keep) < len(batch):
                 batch = batch.select_idxs(keep)
-            batch.meta_info["temperature"] = self.config.actor_rollout_ref.rollout.temperature
             if self.config.trainer.balance_batch:
                 self._balance_batch(batch, metrics=metrics)
-            batch.meta_info["global_token_num"] = torch.sum(batch.batch["attention_mask"], dim=-1).tolist()
-            batch.meta_info["images_seqlens"] = []
-
-            with marked_timer("old_log_prob", timing):
-                old, mfu = self._compute_old_log_prob(batch)
-                entropys = old.batch.pop("entropys")
-                a = self.config.actor_rollout_ref.actor
-                metrics["actor/entropy"] = agg_loss(loss_mat=entropys, loss_mask=batch.batch["response_mask"],
-                                                    loss_agg_mode=a.loss_agg_mode).item()
-                metrics["perf/mfu/actor_infer"] = mfu
-                batch = batch.union(old)
-            if self.use_reference_policy:
-                with marked_timer("ref", timing):
-                    batch = batch.union(self._compute_ref_log_prob(batch))
-            if self.use_critic:
-                with marked_timer("values", timing):
-                    batch = batch.union(self._compute_values(batch))
+            batch = self.score(batch, metrics, timing)
 
             with marked_timer("adv", timing):
                 traj = to_trajectory(batch)  # after filtering / balancing: same rows as the batch
@@ -261,25 +290,11 @@ class StarPOTrainer(RayPPOTrainer):
                 metrics["adv/std"] = float(adv.std()) if adv.numel() > 1 else 0.0
             if not torch.isfinite(adv).all():
                 raise RuntimeError(f"step {step}: non-finite advantages (check the rewards and the critic)")
-
             if self.use_critic:
                 with marked_timer("update_critic", timing):
-                    out = self._update_critic(critic_batch(batch, traj, self.rcfg.critic.level))
-                metrics.update(reduce_metrics(out.meta_info["metrics"]))
-                if "critic/vf_loss" in metrics:  # our name (DESIGN.md) for verl's
-                    metrics["critic/value_loss"] = metrics["critic/vf_loss"]
-
+                    metrics.update(self.update_critic(batch, traj))
             with marked_timer("update_actor", timing):
-                dp = self._get_dp_size(self.actor_rollout_wg, "actor")
-                mini = int(self.config.actor_rollout_ref.actor.ppo_mini_batch_size)
-                keys = list(TRAIN_KEYS) + ["old_log_probs", "advantages"]
-                if "ref_log_prob" in batch.batch.keys():
-                    keys.append("ref_log_prob")
-                actor_batch = DataProto.from_dict(tensors={k: batch.batch[k] for k in keys},
-                                                  meta_info=dict(batch.meta_info))
-                actor_batch.batch[TURNS_FIELD] = minibatch_turn_counts(traj.turn_mask.sum(dim=1), mini, dp)
-                out = self._update_actor(actor_batch)
-            metrics.update(reduce_metrics(out.meta_info["metrics"]))
+                metrics.update(self.update_actor(batch, traj))
             with marked_timer("update_weights", timing):
                 self.checkpoint_manager.update_weights(step + 1)
 
@@ -351,11 +366,25 @@ class TurnPPOTrainer(StarPOTrainer):
 TRAINERS = {"starpo": StarPOTrainer, "turn": TurnPPOTrainer}
 
 
-@ray.remote(num_cpus=1)
-class TaskRunner(BaseTaskRunner):
-    """verl's v0 TaskRunner without datasets: workers, resource pools, then our trainer's ``fit``."""
+class TrainerBuilder(BaseTaskRunner):
+    """verl's v0 TaskRunner steps without datasets: roles, resource pools, workers, then our trainer.
 
-    def run(self, config: DictConfig) -> Dict[str, float]:
+    :class:`TaskRunner` (a Ray actor) runs :meth:`run` for ``run_ppo``; tests call
+    :meth:`build_trainer` in their own process to drive the same workers step by step.
+    """
+
+    def use_gloo_workers(self) -> None:
+        """On cpu: verl's same workers, opening a plain gloo process group first (see :mod:`.workers`)."""
+        from verl.trainer.ppo.ray_trainer import Role
+
+        from .workers import GlooActorRolloutRefWorker, GlooTrainingWorker
+
+        for role in list(self.role_worker_mapping):
+            cls = GlooTrainingWorker if role == Role.Critic else GlooActorRolloutRefWorker
+            self.role_worker_mapping[role] = ray.remote(cls)
+
+    def build_trainer(self, config: DictConfig) -> StarPOTrainer:
+        """Our trainer with verl's worker groups, rollout servers and agent-loop workers started."""
         from verl.trainer.ppo.utils import need_critic, need_reference_policy
         from verl.utils.config import omega_conf_to_dataclass, validate_config
 
@@ -363,6 +392,8 @@ class TaskRunner(BaseTaskRunner):
         _, ray_worker_group_cls = self.add_actor_rollout_worker(config)
         if need_critic(config):
             self.add_critic_worker(config)
+        if config.trainer.device == "cpu":
+            self.use_gloo_workers()
         self.add_reward_model_resource_pool(config)
         validate_config(config=config, use_reference_policy=need_reference_policy(config),
                         use_critic=need_critic(config))
@@ -374,4 +405,10 @@ class TaskRunner(BaseTaskRunner):
         trainer = TRAINERS[name](config=config, tokenizer=tokenizer, role_worker_mapping=self.role_worker_mapping,
                                  resource_pool_manager=pools, ray_worker_group_cls=ray_worker_group_cls)
         trainer.init_workers()
-        return trainer.fit()
+        return trainer
+
+    def run(self, config: DictConfig) -> Dict[str, float]:
+        return self.build_trainer(config).fit()
+
+
+TaskRunner = ray.remote(num_cpus=1)(TrainerBuilder)
