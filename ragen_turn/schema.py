@@ -328,18 +328,20 @@ class ModelConfig:
 
 @dataclass
 class VerlEngineConfig:
-    strategy: str = key(choices=("fsdp", "fsdp2", "megatron"))
-    rollout_name: str = key(choices=("vllm", "sglang"))
+    device: str = key("auto")  # auto | cpu | cuda[:N]; checked with the top-level device
+    rollout: Optional[str] = key(None, choices=("hf", "vllm", "sglang"))  # null: hf on cpu, vllm on cuda
+    strategy: Optional[str] = key(None, choices=("fsdp", "fsdp2", "megatron"))  # null: fsdp2 on cpu, fsdp on cuda
     rollout_tp: int = key(**COUNT)
     gpu_memory_utilization: float = key(gt=0, le=1)
     prompt_length: int = key(**COUNT)
-    agent_num_workers: int = key(**COUNT)
+    agent_num_workers: Optional[int] = key(None, **COUNT)  # null: 1 on cpu, 8 on cuda
     env_threads: int = key(**COUNT)
-    gradient_checkpointing: bool = key()
+    gradient_checkpointing: Optional[bool] = key(None)  # null: on for cuda, off on cpu
     param_offload: bool = key()
     optimizer_offload: bool = key()
     ulysses_sequence_parallel_size: int = key(**COUNT)
     trust_remote_code: bool = key()
+    ray_num_cpus: Optional[int] = key(None, **COUNT)  # null: enough for verl's placement (cpu), Ray's count (cuda)
     overrides: Dict[str, Any] = key({})  # raw verl keys, merged last (verl checks them)
 
 
