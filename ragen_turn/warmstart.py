@@ -73,6 +73,18 @@ def warmstart_enabled(cfg: DictConfig, log=print) -> bool:
     return False
 
 
+# What a demonstration's <think> block says (agent_proxy.enable_think), by ``model.warmstart.think``.
+# Each is ``(env, actions, plan) -> str``: the env before the turn, this turn's action names, the solver's whole
+# remaining plan (names).
+THINK_FORMATS = {
+    # the actions of this turn (a short think: about 10 tokens)
+    "plan": lambda env, actions, plan: f"The plan is {', '.join(actions)}.",
+    # the grid restated, then the whole remaining plan; the answer is its first action(s). A long think of a form
+    # a solver can write and a small model can learn (copy the state, plan ahead): about 60 tokens at 6x6
+    "state_plan": lambda env, actions, plan: f"State:\n{env.render().strip()}\nPlan: {', '.join(plan)}.",
+}
+
+
 def demo_responder(cfg: DictConfig, seed: int):
     """``respond(slot) -> str``: the next 1..k solver actions in the answer format."""
     ws = cfg.model.warmstart
@@ -80,7 +92,7 @@ def demo_responder(cfg: DictConfig, seed: int):
     lo, hi = (apt, apt) if isinstance(apt, int) else (int(apt[0]), int(apt[-1]))
     rng = random.Random(seed)
     sep = f" {cfg.agent_proxy.action_sep} "
-    think = cfg.agent_proxy.enable_think
+    think = THINK_FORMATS[ws.get("think", "plan")] if cfg.agent_proxy.enable_think else None
 
     def respond(slot: EnvSlot) -> str:
         env = slot.env
@@ -88,10 +100,11 @@ def demo_responder(cfg: DictConfig, seed: int):
         if plan is None:
             raise ValueError(f"env {type(env).__name__} cannot produce demonstrations (no solve() or unsolvable state)")
         k = rng.randint(int(lo), int(min(hi, cfg.agent_proxy.max_actions_per_turn)))
-        actions = [_action_name(env, a) for a in list(plan)[:k]] or [_action_name(env, env.get_all_actions()[0])]
+        names = [_action_name(env, a) for a in plan]
+        actions = names[:k] or [_action_name(env, env.get_all_actions()[0])]
         body = f"<answer>{sep.join(actions)}</answer>"
-        if think:
-            body = f"<think>The plan is {', '.join(actions)}.</think>" + body
+        if think is not None:
+            body = f"<think>{think(env, actions, names)}</think>" + body
         return body
 
     return respond

@@ -56,3 +56,38 @@ def test_demonstrations_solve_and_sft_lowers_the_loss_then_caches(tmp_path, monk
     for (n, p), q in zip(trained.state_dict().items(), loaded.state_dict().values()):
         assert torch.equal(p.cpu(), q.cpu()), n
 
+
+
+def test_state_plan_think_restates_the_grid_and_plans_ahead():
+    """model.warmstart.think=state_plan (the long_turns setting): each demonstration turn is
+    <think>State:\\n<the grid of this turn's observation>\\nPlan: <the solver's whole plan>.</think><answer><the
+    plan's first 1-2 moves></answer>, and the demonstrations still solve the rooms."""
+    import re
+
+    cfg = micro_config(["+setting=long_turns", "actor_rollout_ref.rollout.response_length=96",
+                        "agent_proxy.max_turn=5", "custom_envs.SimpleSokoban.max_actions_per_traj=15"])
+    assert cfg.agent_proxy.enable_think and cfg.model.warmstart.think == "state_plan"
+    tok = tiny_tokenizer()
+    demos = collect_demonstrations(cfg, tok, 6, seed=5)
+    assert bool(demos.success.all())
+    turn = re.compile(r"State:\n(.*?)\nYou have.*?<\|im_start\|>assistant\n<think>State:\n(.*?)\nPlan: (.*?)\.</think>"
+                      r"<answer>(.*?)</answer>", re.DOTALL)
+    n_turns = 0
+    for i in range(demos.batch_size):
+        text = tok.decode(demos.input_ids[i][demos.attention_mask[i].bool()])
+        for obs, restated, plan, answer in turn.findall(text):
+            n_turns += 1
+            assert restated == obs.strip()                       # the think copies the grid it was shown
+            plan, moves = plan.split(", "), answer.split(" || ")
+            assert 1 <= len(moves) <= 2 and plan[:len(moves)] == moves  # the answer is the plan's start
+    assert n_turns >= demos.batch_size
+    # think tokens: the long turns this setting is for (about 60 sampled tokens per turn at 6x6)
+    per_turn = demos.response_mask.sum(1).float() / demos.turn_mask.sum(1).float()
+    assert float(per_turn.mean()) > 45
+    # the think format is part of the cache key; an unknown one stops before any work
+    assert warmstart_key(cfg, tok) != warmstart_key(micro_config(["+setting=long_turns", "model.warmstart.think=plan"]),
+                                                    tok)
+    from ragen_turn.config import validate_config
+
+    with __import__("pytest").raises(ValueError, match="model.warmstart.think"):
+        validate_config(micro_config(["+model.warmstart.think=free"]))
