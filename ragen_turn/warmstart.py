@@ -7,7 +7,7 @@ log-likelihood of the response tokens only. The result is cached under
 ``<cache>/warmstart/<hash>`` keyed on everything that changes it (model, env, prompt format,
 warm-start settings), so the first run pays for it once.
 
-    python -m ragen_turn.warmstart env=sokoban model=tiny   # build (or load) it and report before/after
+    python -m ragen_turn.warmstart env=sokoban model=tiny   # build (or load) it once; prints its cache path
 """
 from __future__ import annotations
 
@@ -219,3 +219,27 @@ def warmstart(model: torch.nn.Module, tokenizer: Any, cfg: DictConfig, log=print
         shutil.rmtree(tmp, ignore_errors=True)
     log(f"[warmstart] saved to {path}")
     return model
+
+
+def main(argv: List[str]) -> int:
+    """``python -m ragen_turn.warmstart [overrides]``: build (or load) the warm start a run with these overrides
+    would use, once, before launching many runs that share it (e.g. ``scripts/compare.sh``)."""
+    from ragen_turn.config import model_config, validate_config
+    from ragen_turn.models import load_model_and_tokenizer
+    from ragen_turn.train import compose_config
+
+    cfg = compose_config(argv)
+    validate_config(cfg)
+    if not warmstart_enabled(cfg):
+        return 0
+    model, tokenizer = load_model_and_tokenizer(model_config(cfg), device="cpu", dtype=cfg.dtype)
+    tokenizer.padding_side = "left"
+    warmstart(model, tokenizer, cfg)
+    print(f"[warmstart] {cache_dir(cfg, tokenizer)}")
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main(sys.argv[1:]))

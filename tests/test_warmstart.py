@@ -91,3 +91,20 @@ def test_state_plan_think_restates_the_grid_and_plans_ahead():
 
     with __import__("pytest").raises(ValueError, match="model.warmstart.think"):
         validate_config(micro_config(["+model.warmstart.think=free"]))
+
+
+def test_cli_builds_the_warm_start_once(tmp_path, monkeypatch, capsys):
+    """python -m ragen_turn.warmstart OVERRIDES builds the warm start those runs will load (scripts/compare.sh runs
+    it before its parallel runs); a second call loads it."""
+    from helpers import MICRO_MODEL
+    from ragen_turn import warmstart as ws
+
+    monkeypatch.setenv("RAGEN_TURN_CACHE_DIR", str(tmp_path))
+    args = MICRO_MODEL + WS + ["model.warmstart.steps=2", "model.warmstart.episodes=4", "device=cpu"]
+    assert ws.main(args) == 0
+    out = capsys.readouterr().out
+    assert "sft step 2/2" in out
+    path = out.strip().splitlines()[-1].split("[warmstart] ")[1]
+    assert (tmp_path / "warmstart").is_dir() and path.startswith(str(tmp_path)) and \
+        (__import__("pathlib").Path(path) / "warmstart.json").is_file()
+    assert ws.main(args) == 0 and "loaded cached warm start" in capsys.readouterr().out
