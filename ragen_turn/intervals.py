@@ -19,7 +19,9 @@ reached a threshold is given a censored value by the caller (the report uses a l
 rliable itself is not used: its 1.2.0 needs ``arch < 8``, and arch 7.2.0 fails at import with pandas 3
 (``deprecate_kwarg``), so it installs only by pinning pandas < 3, plus arch, statsmodels, seaborn and absl, for
 what scipy's bootstrap does. The point estimates here equal rliable's ``aggregate_iqm`` and
-``probability_of_improvement`` (checked by hand cases in tests/test_intervals.py).
+``probability_of_improvement`` (hand cases in tests/test_intervals.py); on one example (3 algorithms x 5 runs x 2
+tasks, rliable 1.2.0 with pandas 2.3 in a separate venv) the points were identical and the CI ends within 0.002 (IQM,
+50,000 resamples) and 0.02 (probability of improvement, 20,000) of rliable's.
 """
 from __future__ import annotations
 
