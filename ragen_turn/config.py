@@ -107,11 +107,6 @@ def validate_config(cfg: DictConfig) -> None:
     ws = cfg.model.get("warmstart", {}).get("enable", False)
     if ws not in (True, False, "auto"):
         raise ValueError(f"model.warmstart.enable must be true, false or auto, got {ws!r}")
-    think = cfg.model.get("warmstart", {}).get("think", "plan")
-    from ragen_turn.warmstart import THINK_FORMATS
-
-    if think not in THINK_FORMATS:
-        raise ValueError(f"model.warmstart.think must be one of {sorted(THINK_FORMATS)}, got {think!r}")
     for k in ("gamma", "lam", "high_level_gamma"):
         if not 0 <= cfg.algorithm[k] <= 1:
             raise ValueError(f"algorithm.{k} must be in [0, 1], got {cfg.algorithm[k]}")

@@ -5,9 +5,7 @@ actions of the environment's optimal solution (``env.solve()``), through the sam
 and token layout as RL, so SFT trains exactly the tokens RL will sample. The loss is the negative
 log-likelihood of the response tokens only. The result is cached under
 ``<cache>/warmstart/<hash>`` keyed on everything that changes it (model, env, prompt format,
-warm-start settings), so the first run pays for it once.
-
-    python -m ragen_turn.warmstart env=sokoban model=tiny   # build (or load) it once; prints its cache path
+warm-start settings), so the first run pays for it once. :func:`build` makes it without a run.
 """
 from __future__ import annotations
 
@@ -58,6 +56,9 @@ def warmstart_enabled(cfg: DictConfig, log=print) -> bool:
     enable = cfg.model.get("warmstart", {}).get("enable", False)
     if enable not in (True, False, "auto"):
         raise ValueError(f"model.warmstart.enable must be true, false or auto, got {enable!r}")
+    think = cfg.model.get("warmstart", {}).get("think", "plan")
+    if think not in THINK_FORMATS:
+        raise ValueError(f"model.warmstart.think must be one of {sorted(THINK_FORMATS)}, got {think!r}")
     if enable is False:
         return False
     types = {cfg.custom_envs[t].env_type for t in cfg.es_manager.train.env_configs.tags}
@@ -221,25 +222,16 @@ def warmstart(model: torch.nn.Module, tokenizer: Any, cfg: DictConfig, log=print
     return model
 
 
-def main(argv: List[str]) -> int:
-    """``python -m ragen_turn.warmstart [overrides]``: build (or load) the warm start a run with these overrides
-    would use, once, before launching many runs that share it (e.g. ``scripts/compare.sh``)."""
-    from ragen_turn.config import model_config, validate_config
-    from ragen_turn.models import load_model_and_tokenizer
-    from ragen_turn.train import compose_config
 
-    cfg = compose_config(argv)
-    validate_config(cfg)
-    if not warmstart_enabled(cfg):
-        return 0
+def build(cfg: DictConfig, log=print) -> Path | None:
+    """Build (or load) the warm start of a run config once, e.g. before many runs that share it start in parallel
+    (``scripts/compare.sh``); its cache directory, or None when the config warm-starts nothing."""
+    from ragen_turn.config import model_config
+    from ragen_turn.models import load_model_and_tokenizer
+
+    if not warmstart_enabled(cfg, log):
+        return None
     model, tokenizer = load_model_and_tokenizer(model_config(cfg), device="cpu", dtype=cfg.dtype)
     tokenizer.padding_side = "left"
-    warmstart(model, tokenizer, cfg)
-    print(f"[warmstart] {cache_dir(cfg, tokenizer)}")
-    return 0
-
-
-if __name__ == "__main__":
-    import sys
-
-    sys.exit(main(sys.argv[1:]))
+    warmstart(model, tokenizer, cfg, log=log)
+    return cache_dir(cfg, tokenizer)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The algorithm comparison on one setting (docs/results/<setting>.md): ALGOS x SEEDS runs of config/sweep/compare.yaml
-# from ONE warm start (built once, first), PARALLEL runs at a time on one thread each; every run resumable.
+# from ONE warm start (built once, first: ragen_turn.warmstart.build), PARALLEL runs at a time on one thread each; every run resumable.
 #
 #   bash scripts/compare.sh <setting> [overrides...]                     # setting: config/setting/<setting>.yaml
 #   flock /work/locks/heavy.lock nice -n 5 bash scripts/compare.sh long_horizon     # on a shared machine
@@ -38,7 +38,16 @@ LOG=$ROOT/walltimes_$SETTING.tsv
 echo "[compare] $SETTING: algos${ALGOS}; seeds $SEEDS; $PARALLEL at a time; log $LOG"
 
 # the shared warm start, once, before the parallel runs (which then load it)
-"$PY" -m ragen_turn.warmstart "${COMMON[@]}" algo=grpo | tail -n 2
+"$PY" - "${COMMON[@]}" algo=grpo <<'PYEOF' | tail -n 2
+import sys
+from ragen_turn.config import validate_config
+from ragen_turn.train import compose_config
+from ragen_turn.warmstart import build
+
+cfg = compose_config(sys.argv[1:])
+validate_config(cfg)
+print(f"[compare] warm start: {build(cfg)}")
+PYEOF
 
 run_one() {  # <algo> <seed>: one run on one thread, its wall time logged
   local algo=$1 seed=$2 t0 rc dir

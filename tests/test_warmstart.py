@@ -87,24 +87,23 @@ def test_state_plan_think_restates_the_grid_and_plans_ahead():
     # the think format is part of the cache key; an unknown one stops before any work
     assert warmstart_key(cfg, tok) != warmstart_key(micro_config(["+setting=long_turns", "model.warmstart.think=plan"]),
                                                     tok)
-    from ragen_turn.config import validate_config
+    from ragen_turn.warmstart import warmstart_enabled
 
     with __import__("pytest").raises(ValueError, match="model.warmstart.think"):
-        validate_config(micro_config(["+model.warmstart.think=free"]))
+        warmstart_enabled(micro_config(["+model.warmstart.think=free"]))
 
 
-def test_cli_builds_the_warm_start_once(tmp_path, monkeypatch, capsys):
-    """python -m ragen_turn.warmstart OVERRIDES builds the warm start those runs will load (scripts/compare.sh runs
-    it before its parallel runs); a second call loads it."""
-    from helpers import MICRO_MODEL
-    from ragen_turn import warmstart as ws
+def test_build_makes_the_warm_start_once(tmp_path, monkeypatch):
+    """warmstart.build(cfg) makes the warm start those runs will load (scripts/compare.sh calls it before its
+    parallel runs); a second call loads it; a config without a warm start gives None."""
+    from ragen_turn.warmstart import build
 
     monkeypatch.setenv("RAGEN_TURN_CACHE_DIR", str(tmp_path))
-    args = MICRO_MODEL + WS + ["model.warmstart.steps=2", "model.warmstart.episodes=4", "device=cpu"]
-    assert ws.main(args) == 0
-    out = capsys.readouterr().out
-    assert "sft step 2/2" in out
-    path = out.strip().splitlines()[-1].split("[warmstart] ")[1]
-    assert (tmp_path / "warmstart").is_dir() and path.startswith(str(tmp_path)) and \
-        (__import__("pathlib").Path(path) / "warmstart.json").is_file()
-    assert ws.main(args) == 0 and "loaded cached warm start" in capsys.readouterr().out
+    cfg = micro_config(WS + ["model.warmstart.steps=2", "model.warmstart.episodes=4"])
+    lines = []
+    path = build(cfg, log=lines.append)
+    assert any("sft step 2/2" in ln for ln in lines) and (path / "warmstart.json").is_file()
+    assert str(path).startswith(str(tmp_path))
+    lines = []
+    assert build(cfg, log=lines.append) == path and any("loaded cached warm start" in ln for ln in lines)
+    assert build(micro_config(["model.warmstart.enable=false"])) is None
