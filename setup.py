@@ -38,6 +38,8 @@ setup(
         "dev": ["pytest", "hypothesis"],
         "webshop": ["bm25s>=0.2"],
         "plot": ["matplotlib"],
+        # report.py's interval estimates (IQM, stratified bootstrap CIs, probability of improvement)
+        "stats": ["scipy>=1.15"],
         "smol": ["gguf", "accelerate"],
         "wandb": ["wandb"],
         # CPU: the verl engine's tests against verl 0.9.1 (no vllm)

@@ -9,6 +9,10 @@ a sweep directory such as ``runs/sweep_gamma_lambda``, or ``runs/``), groups the
 - ``success.png``, ``reward.png``, ``clip_kl.png``: learning curves, one line per group (mean over seeds,
   shaded +-1 std over seeds). matplotlib is optional: without it the table is still written and the
   report says the plots were skipped.
+- an "Interval estimates" section (with scipy, the ``stats`` extra): per group the interquartile mean over its runs
+  and a 95% stratified bootstrap CI of the final and best held-out success, steps to the threshold, the collapse
+  measure (and RAGEN-2's MI when logged), ``intervals.png``, and the probability that one group's run beats
+  another's (``ragen_turn.intervals``). ``--strata KEY`` splits a group's runs into tasks for the bootstrap.
 
 Runs that crashed or are still going are used as they are, counted and marked with their last step;
 ``null`` / NaN values (the trainers write non-finite numbers as ``null``) are left out of every mean and
@@ -529,6 +533,197 @@ def write_plots(groups: Sequence[Tuple[str, List[Run]]], out: Path, smooth_windo
     return written
 
 
+# ------------------------------------------------------------------------------------------------ interval estimates
+# Per group: the interquartile mean (IQM) over its runs and a 95% stratified bootstrap CI (ragen_turn.intervals, on
+# scipy), and the probability that a run of one group beats a run of another. Each metric is
+# ``(title, fn(run, threshold, smooth_window) -> (score, censored))``; a censored score is a lower bound.
+def _steps_to_censored(run: Run, threshold: float, smooth_window: int) -> Tuple[float, bool]:
+    """Steps to the threshold; a run that never reached it counts as its last step + ``trainer.test_freq`` (the
+    first evaluation it did not have), a lower bound, marked censored."""
+    hit = steps_to_threshold(run, threshold)
+    if hit is not None:
+        return float(hit), False
+    if run.last_step is None:
+        return NAN, False
+    freq = get_key(run.config, "trainer.test_freq")
+    freq = int(freq) if isinstance(freq, int) and not isinstance(freq, bool) and freq > 0 else 1
+    return float(run.last_step + freq), True
+
+
+INTERVAL_METRICS = [
+    ("final val success", lambda r, thr, w: (final_eval(r, VAL_SUCCESS), False)),
+    ("best val success", lambda r, thr, w: (best_eval(r, VAL_SUCCESS), False)),
+    ("steps to {thr}", _steps_to_censored),
+    ("collapse", lambda r, thr, w: (max_drop(smooth(r.series(TRAIN_SUCCESS)[1], w)), False)),
+    ("final MI", lambda r, thr, w: (final_eval(r, "collapse/mi_estimate"), False)),
+]
+IMPROVEMENT_METRIC = "final val success"
+
+
+def _strata(runs: Sequence[Run], strata: Sequence[str]) -> List[List[Run]]:
+    """The runs of a group split by the ``strata`` config keys (one list when there are none)."""
+    by: Dict[Tuple[str, ...], List[Run]] = {}
+    for r in runs:
+        by.setdefault(tuple(str(get_key(r.config, k)) for k in strata), []).append(r)
+    return [by[k] for k in sorted(by)]
+
+
+def metric_scores(runs: Sequence[Run], metric: int, threshold: float, smooth_window: int,
+                  strata: Sequence[str] = ()) -> Tuple[List[List[float]], int]:
+    """Finite scores of ``INTERVAL_METRICS[metric]`` per stratum, and how many of them are censored."""
+    fn = INTERVAL_METRICS[metric][1]
+    tasks, censored = [], 0
+    for part in _strata(runs, strata):
+        vals = []
+        for r in part:
+            v, cen = fn(r, threshold, smooth_window)
+            if _finite(v):
+                vals.append(v)
+                censored += cen
+        tasks.append(vals)
+    return tasks, censored
+
+
+def _interval_cell(est: Tuple[float, float, float], censored: int, n: int, digits: int) -> str:
+    point, lo, hi = est
+    if not _finite(point):
+        return "-"
+    ge = "≥ " if censored else ""
+    txt = f"{ge}{point:.{digits}f}"
+    txt += f" [{lo:.{digits}f}, {hi:.{digits}f}]" if _finite(lo) else " [no CI]"
+    return txt + (f" ({censored}/{n} censored)" if censored else "")
+
+
+def interval_estimates(groups: Sequence[Tuple[str, List[Run]]], threshold: float, smooth_window: int = 1,
+                       strata: Sequence[str] = (), reps: int = 10_000) -> Dict[str, Dict[str, Any]]:
+    """``{metric title: {group label: (point, low, high, censored, n)}}`` for the metrics some run has."""
+    from ragen_turn import intervals
+
+    out: Dict[str, Dict[str, Any]] = {}
+    for i, (title, _) in enumerate(INTERVAL_METRICS):
+        title = title.format(thr=f"{threshold:g}")
+        per = {}
+        for label, runs in groups:
+            tasks, cen = metric_scores(runs, i, threshold, smooth_window, strata)
+            tasks = [t for t in tasks if t]
+            n = sum(len(t) for t in tasks)
+            per[label] = (*intervals.interval(intervals.iqm, tasks, reps=reps), cen, n) if n else (NAN, NAN, NAN, 0, 0)
+        if any(_finite(v[0]) for v in per.values()):
+            out[title] = per
+    return out
+
+
+def interval_table(groups: Sequence[Tuple[str, List[Run]]], keys: Sequence[str],
+                   estimates: Dict[str, Dict[str, Any]]) -> str:
+    titles = list(estimates)
+    lines = ["| " + " | ".join([", ".join(keys), "runs"] + [f"{t}: IQM [95% CI]" for t in titles]) + " |",
+             "|" + "---|" * (len(titles) + 2)]
+    for label, runs in groups:
+        cells = [_interval_cell(estimates[t][label][:3], estimates[t][label][3], estimates[t][label][4],
+                                1 if t.startswith("steps to") else 3) for t in titles]
+        lines.append("| " + " | ".join([f"`{label}`", str(len(runs))] + cells) + " |")
+    return "\n".join(lines)
+
+
+def improvement_table(groups: Sequence[Tuple[str, List[Run]]], threshold: float, smooth_window: int = 1,
+                      strata: Sequence[str] = (), reps: int = 10_000) -> str:
+    """P(a run of the row's group beats a run of the column's group) on ``IMPROVEMENT_METRIC``, [95% CI]."""
+    from ragen_turn import intervals
+
+    metric = [t for t, _ in INTERVAL_METRICS].index(IMPROVEMENT_METRIC)
+    scores = {}
+    for label, runs in groups:  # per stratum (by name), so that x and y are paired task by task
+        by = {}
+        for part in _strata(runs, strata):
+            vals = [v for v in (INTERVAL_METRICS[metric][1](r, threshold, smooth_window)[0] for r in part)
+                    if _finite(v)]
+            if vals:
+                by[tuple(str(get_key(part[0].config, k)) for k in strata)] = vals
+        scores[label] = by
+    labels = [label for label, _ in groups]
+    lines = ["| P(row > column) | " + " | ".join(f"`{x}`" for x in labels) + " |", "|" + "---|" * (len(labels) + 1)]
+    for x in labels:
+        cells = []
+        for y in labels:
+            common = sorted(set(scores[x]) & set(scores[y]))
+            if x == y or not common:
+                cells.append("-")
+                continue
+            samples = [a for k in common for a in (scores[x][k], scores[y][k])]
+            cells.append(_interval_cell(intervals.interval(intervals.probability_of_improvement, samples, reps=reps),
+                                        0, 0, 2))
+        lines.append("| " + " | ".join([f"`{x}`"] + cells) + " |")
+    return "\n".join(lines)
+
+
+def write_interval_plot(groups: Sequence[Tuple[str, List[Run]]], estimates: Dict[str, Dict[str, Any]],
+                        out: Path, name: str = "intervals.png") -> str:
+    """One panel per metric: each group's IQM (dot) and 95% CI (bar). ImportError without matplotlib."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    titles = list(estimates)
+    labels = [label for label, _ in groups]
+    fig, axes = plt.subplots(1, len(titles), figsize=(3.6 * len(titles), 0.45 * len(labels) + 1.4), squeeze=False,
+                             sharey=True)
+    for ax, t in zip(axes[0], titles):
+        for i, label in enumerate(labels):
+            point, lo, hi, cen, _ = estimates[t][label]
+            if not _finite(point):
+                continue
+            color = f"C{i % 10}"
+            if _finite(lo):
+                ax.plot([lo, hi], [i, i], color=color, linewidth=6, alpha=0.45, solid_capstyle="butt")
+            ax.plot([point], [i], marker=">" if cen else "o", color=color, markersize=6)
+        ax.set_title(f"{t}\n(IQM, 95% CI{'; > = lower bound' if any(v[3] for v in estimates[t].values()) else ''})",
+                     fontsize=9)
+        ax.grid(axis="x", alpha=0.3)
+        ax.set_yticks(range(len(labels)))
+        ax.set_yticklabels(labels)
+    axes[0][0].invert_yaxis()
+    fig.tight_layout()
+    fig.savefig(out / name, dpi=110)
+    plt.close(fig)
+    return name
+
+
+def interval_section(groups: Sequence[Tuple[str, List[Run]]], keys: Sequence[str], threshold: float,
+                     smooth_window: int, out: Path, plots: bool, strata: Sequence[str] = (),
+                     reps: int = 10_000) -> List[str]:
+    """The report's "Interval estimates" section (Markdown lines); writes intervals.png when ``plots``."""
+    try:
+        import scipy  # noqa: F401
+    except ImportError:
+        return ["## Interval estimates", "", "Skipped: scipy is not installed (pip install -e '.[stats]').", ""]
+    estimates = interval_estimates(groups, threshold, smooth_window, strata, reps)
+    strat = (f"stratified by `{', '.join(strata)}` (each stratum's runs resampled separately)" if strata else
+             "runs resampled with replacement within each group")
+    lines = ["## Interval estimates", "",
+             "Per group: the interquartile mean (IQM: the mean of the middle 50% of the runs; of 5 runs, the middle "
+             f"3) and a 95% percentile bootstrap confidence interval ({reps} resamples, {strat}; "
+             "`scipy.stats.bootstrap`, seeded). A CI from 5 seeds is wide: two groups whose intervals overlap are "
+             "not shown to differ. **steps to** counts a run that never reached the threshold as its last step + "
+             "`trainer.test_freq` (censored): such a cell is a lower bound (≥). **collapse** is the column of the "
+             "table above; **final MI** is RAGEN-2's `collapse/mi_estimate` at its last computation (thinking runs "
+             "only). `[no CI]`: a group (or a stratum) with a single run: nothing to resample.", "",
+             interval_table(groups, keys, estimates), ""]
+    if plots and estimates:
+        try:
+            name = write_interval_plot(groups, estimates, out)
+            lines += [f"Plot: [{name}]({name}).", ""]
+        except ImportError:
+            lines += ["Plot: skipped (matplotlib is not installed).", ""]
+    if len(groups) > 1:
+        lines += ["### Probability of improvement", "",
+                  f"P(X > Y) + 0.5 P(X = Y) for the {IMPROVEMENT_METRIC} X of a run of the row's group and Y of a run "
+                  "of the column's group (the Mann-Whitney U statistic over n*m; averaged over strata), with a 95% "
+                  "bootstrap CI resampling both groups' runs. 0.5 = no difference; a CI holding 0.5 does not show "
+                  "one.", "", improvement_table(groups, threshold, smooth_window, strata, reps), ""]
+    return lines
+
+
 # ------------------------------------------------------------------------------------------------ report
 SEPARATE_BY = ("env.name", "model.name")  # never averaged together: added to the group keys when runs differ in them
 
@@ -552,7 +747,8 @@ def group_keys(runs: Sequence[Run], group_by: Sequence[str]) -> List[str]:
 
 
 def build_report(paths: Sequence[str], out: str | Path | None = None, group_by: Sequence[str] = ("algo.name",),
-                 threshold: float = 0.5, smooth_window: int = 1, plots: bool = True) -> str:
+                 threshold: float = 0.5, smooth_window: int = 1, plots: bool = True, intervals: bool = True,
+                 strata: Sequence[str] = (), reps: int = 10_000) -> str:
     """Read the runs under ``paths``, write ``results.md`` (and the PNGs) to ``out`` (default
     :func:`default_out`); return the Markdown."""
     run_dirs = find_runs(paths)
@@ -582,7 +778,10 @@ def build_report(paths: Sequence[str], out: str | Path | None = None, group_by: 
     lines += ["", markdown_table(groups, keys, threshold, smooth_window), ""]
     for w in duplicate_seed_warnings(groups):
         lines += [f"Warning: {w}.", ""]
-    lines += [plot_note, "", "## Runs", "", runs_table(groups), ""]
+    lines += [plot_note, ""]
+    if intervals:
+        lines += interval_section(groups, keys, threshold, smooth_window, out, plots, strata, reps)
+    lines += ["## Runs", "", runs_table(groups), ""]
     text = "\n".join(lines)
     (out / "results.md").write_text(text)
     return text
@@ -674,6 +873,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     help="moving-average window over training steps for the collapse measure and train curves (1)")
     ap.add_argument("--out", default=None, help="output directory (default: <the runs' common directory>/report)")
     ap.add_argument("--no-plots", action="store_true", help="write the table only")
+    ap.add_argument("--no-intervals", action="store_true", help="leave out the interval estimates (IQM, bootstrap CIs)")
+    ap.add_argument("--strata", default="",
+                    help="comma-separated config keys that split a group's runs into tasks for the stratified "
+                         "bootstrap (e.g. env.train_tags when one report holds several settings); default: none")
+    ap.add_argument("--reps", type=int, default=10_000, help="bootstrap resamples for the intervals (10000)")
     ap.add_argument("--list-jobs", action="store_true",
                     help="list the jobs a --multirun with these overrides launches (no training), e.g. "
                          "--list-jobs env=sokoban algo=turn_ppo +sweep=gamma_lambda")
@@ -686,7 +890,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     keys = [k.strip() for k in args.group_by.split(",") if k.strip()]
     out = Path(args.out) if args.out else default_out(args.paths)
     try:
-        text = build_report(args.paths, out, keys, args.threshold, max(1, args.smooth), plots=not args.no_plots)
+        text = build_report(args.paths, out, keys, args.threshold, max(1, args.smooth), plots=not args.no_plots,
+                            intervals=not args.no_intervals, reps=args.reps,
+                            strata=[k.strip() for k in args.strata.split(",") if k.strip()])
     except FileNotFoundError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -5,9 +5,7 @@ actions of the environment's optimal solution (``env.solve()``), through the sam
 and token layout as RL, so SFT trains exactly the tokens RL will sample. The loss is the negative
 log-likelihood of the response tokens only. The result is cached under
 ``<cache>/warmstart/<hash>`` keyed on everything that changes it (model, env, prompt format,
-warm-start settings), so the first run pays for it once.
-
-    python -m ragen_turn.warmstart env=sokoban model=tiny   # build (or load) it and report before/after
+warm-start settings), so the first run pays for it once. :func:`build` makes it without a run.
 """
 from __future__ import annotations
 
@@ -59,6 +57,9 @@ def warmstart_enabled(cfg: DictConfig, log=print) -> bool:
     enable = cfg.model.get("warmstart", {}).get("enable", False)
     if enable not in (True, False, "auto"):
         raise ValueError(f"model.warmstart.enable must be true, false or auto, got {enable!r}")
+    think = cfg.model.get("warmstart", {}).get("think", "plan")
+    if think not in THINK_FORMATS:
+        raise ValueError(f"model.warmstart.think must be one of {sorted(THINK_FORMATS)}, got {think!r}")
     if enable is False:
         return False
     types = {cfg.custom_envs[t].env_type for t in cfg.es_manager.train.env_configs.tags}
@@ -74,6 +75,18 @@ def warmstart_enabled(cfg: DictConfig, log=print) -> bool:
     return False
 
 
+# What a demonstration's <think> block says (agent_proxy.enable_think), by ``model.warmstart.think``.
+# Each is ``(env, actions, plan) -> str``: the env before the turn, this turn's action names, the solver's whole
+# remaining plan (names).
+THINK_FORMATS = {
+    # the actions of this turn (a short think: about 10 tokens)
+    "plan": lambda env, actions, plan: f"The plan is {', '.join(actions)}.",
+    # the grid restated, then the whole remaining plan; the answer is its first action(s). A long think of a form
+    # a solver can write and a small model can learn (copy the state, plan ahead): about 60 tokens at 6x6
+    "state_plan": lambda env, actions, plan: f"State:\n{env.render().strip()}\nPlan: {', '.join(plan)}.",
+}
+
+
 def demo_responder(cfg: DictConfig, seed: int):
     """``respond(slot) -> str``: the next 1..k solver actions in the answer format (``k`` drawn from
     ``warmstart.actions_per_turn``; with ``warmstart.fit_turn_budget`` at least ``ceil(solution left / turns
@@ -83,7 +96,7 @@ def demo_responder(cfg: DictConfig, seed: int):
     lo, hi = (apt, apt) if isinstance(apt, int) else (int(apt[0]), int(apt[-1]))
     rng = random.Random(seed)
     sep = f" {cfg.agent_proxy.action_sep} "
-    think = cfg.agent_proxy.enable_think
+    think = THINK_FORMATS[ws.get("think", "plan")] if cfg.agent_proxy.enable_think else None
 
     fit = bool(ws.get("fit_turn_budget", False))
     turns_taken: Dict[int, int] = {}  # answers given so far per slot (one episode per slot)
@@ -99,10 +112,11 @@ def demo_responder(cfg: DictConfig, seed: int):
         turns_taken[id(slot)] = turn + 1
         if fit:  # enough actions per answer that the rest of the solution fits the turns left
             k = max(k, min(cap, -(-len(plan) // max(1, int(cfg.agent_proxy.max_turn) - turn))))
-        actions = [_action_name(env, a) for a in list(plan)[:k]] or [_action_name(env, env.get_all_actions()[0])]
+        names = [_action_name(env, a) for a in plan]
+        actions = names[:k] or [_action_name(env, env.get_all_actions()[0])]
         body = f"<answer>{sep.join(actions)}</answer>"
-        if think:
-            body = f"<think>The plan is {', '.join(actions)}.</think>" + body
+        if think is not None:
+            body = f"<think>{think(env, actions, names)}</think>" + body
         return body
 
     return respond
@@ -241,3 +255,17 @@ def warmstart_dir(cfg: DictConfig, model_path: str | Path, log=print) -> Path:
     if torch.cuda.is_available():  # the workers start next: give back what the SFT held on the GPU
         torch.cuda.empty_cache()
     return path
+
+
+def build(cfg: DictConfig, log=print) -> Path | None:
+    """Build (or load) the warm start of a run config once, e.g. before many runs that share it start in parallel
+    (``scripts/compare.sh``); its cache directory, or None when the config warm-starts nothing."""
+    from ragen_turn.config import model_config
+    from ragen_turn.models import load_model_and_tokenizer
+
+    if not warmstart_enabled(cfg, log):
+        return None
+    model, tokenizer = load_model_and_tokenizer(model_config(cfg), device="cpu", dtype=cfg.dtype)
+    tokenizer.padding_side = "left"
+    warmstart(model, tokenizer, cfg, log=log)
+    return cache_dir(cfg, tokenizer)

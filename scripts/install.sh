@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Create .venv (CPU torch pinned) and install ragen_turn with the given extras
-# (default: dev,webshop,plot,wandb: tests, WebShop search, report plots, logger=wandb).
+# (default: dev,webshop,plot,wandb,stats: tests, WebShop search, report plots, logger=wandb, report intervals).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-EXTRAS="${1:-dev,webshop,plot,wandb}"
+EXTRAS="${1:-dev,webshop,plot,wandb,stats}"
 PY="${PYTHON:-python3}"
 start=$(date +%s)
 if [ ! -x .venv/bin/python ]; then

@@ -230,3 +230,54 @@ def test_runs_of_two_envs_are_never_one_group(tmp_path):
     text = report.build_report([str(root)], tmp_path / "o", plots=False)
     assert "| sokoban, turn_ppo | 1 |" in text and "| webshop, turn_ppo | 1 |" in text
     assert "holds several runs with seed" not in text
+
+
+def _section(text, title):
+    lines = text.splitlines()
+    start = lines.index(title)
+    return lines[start:]
+
+
+def test_interval_estimates_on_synthetic_runs(runs_dir, tmp_path):
+    """IQM [95% CI] per group, hand-computed: turn_ppo's final held-out successes 0.75, 0.5, 0.25 (IQM of 3 runs =
+    their mean 0.5); steps to 0.5: 2, 4 and a run that never reached it, censored at its last step 4 + 1 (no
+    trainer.test_freq in its config) -> IQM 11/3, a lower bound; collapse 0.3, 0, 0.3 -> 0.2. grpo has one finite
+    final success (0.25): no interval. P(turn_ppo > grpo) = (2 wins + 0.5 tie) / 3."""
+    pytest.importorskip("scipy")
+    text = report.build_report([str(runs_dir)], tmp_path / "out", plots=False, reps=2000)
+    sec = _section(text, "## Interval estimates")
+    head = next(ln for ln in sec if ln.startswith("| algo.name | runs |"))
+    assert head == ("| algo.name | runs | final val success: IQM [95% CI] | best val success: IQM [95% CI] | "
+                    "steps to 0.5: IQM [95% CI] | collapse: IQM [95% CI] |")  # no MI column: none logged
+    row = next(ln for ln in sec if ln.startswith("| `turn_ppo` |")).split(" | ")
+    assert row[2].startswith("0.500 [0.250") and row[2].endswith("0.750]")
+    assert row[4].startswith("≥ 3.7 [") and row[4].endswith("(1/3 censored)")
+    assert row[5] == "0.200 [0.000, 0.300] |"
+    grpo = next(ln for ln in sec if ln.startswith("| `grpo` |")).split(" | ")
+    assert grpo[2] == "0.250 [no CI]"
+    assert next(ln for ln in sec if ln.startswith("| `token_ppo` |")).endswith("| - | - | - | - |")
+    poi = next(ln for ln in sec if ln.startswith("| `turn_ppo` |") and "0.83" in ln)
+    assert poi == "| `turn_ppo` | 0.83 [no CI] | - | - |"
+    assert "| `grpo` | - | - | 0.17 [no CI] |" in sec
+    # the main table's rows are unchanged by the section below it
+    lines = text.splitlines()
+    head = next(i for i, ln in enumerate(lines) if ln.startswith("| algo.name | runs | init"))
+    assert lines[head + 2: head + 5] == EXPECTED_ROWS
+
+
+def test_interval_plot_and_strata(runs_dir, tmp_path):
+    pytest.importorskip("scipy")
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "out"
+    text = report.build_report([str(runs_dir)], out, reps=500, strata=["seed"])
+    assert (out / "intervals.png").stat().st_size > 1000 and "[intervals.png](intervals.png)" in text
+    assert "stratified by `seed`" in text
+    # each seed its own stratum: one run per stratum, nothing to resample: the pooled IQM and no interval
+    row = next(ln for ln in _section(text, "## Interval estimates") if ln.startswith("| `turn_ppo` |"))
+    assert row.startswith("| `turn_ppo` | 3 | 0.500 [no CI] |")
+
+
+def test_interval_section_without_scipy(runs_dir, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "scipy", None)
+    text = report.build_report([str(runs_dir)], tmp_path / "out", plots=False)
+    assert "Skipped: scipy is not installed" in text and "| algo.name | runs | init" in text

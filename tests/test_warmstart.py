@@ -70,3 +70,54 @@ def test_fit_turn_budget_makes_demonstrations_finish_in_the_turns():
     assert fit.success.mean() > 0.98
     for e in fit.episodes:
         assert e.num_turns <= 5 and all(t.count("||") <= 4 for t in e.texts)
+
+
+def test_state_plan_think_restates_the_grid_and_plans_ahead():
+    """model.warmstart.think=state_plan (the long_turns setting): each demonstration turn is
+    <think>State:\\n<the grid of this turn's observation>\\nPlan: <the solver's whole plan>.</think><answer><the
+    plan's first 1-2 moves></answer>, and the demonstrations still solve the rooms."""
+    import re
+
+    cfg = micro_config(["+setting=long_turns", "actor_rollout_ref.rollout.response_length=96",
+                        "agent_proxy.max_turn=5", "custom_envs.SimpleSokoban.max_actions_per_traj=15"])
+    assert cfg.agent_proxy.enable_think and cfg.model.warmstart.think == "state_plan"
+    tok = tiny_tokenizer()
+    demos = collect_demonstrations(cfg, tok, 6, seed=5)
+    assert bool(demos.success.all())
+    turn = re.compile(r"State:\n(.*?)\nYou have.*?<\|im_start\|>assistant\n<think>State:\n(.*?)\nPlan: (.*?)\.</think>"
+                      r"<answer>(.*?)</answer>", re.DOTALL)
+    n_turns = 0
+    for i in range(demos.batch_size):
+        text = tok.decode(demos.input_ids[i][demos.attention_mask[i].bool()])
+        for obs, restated, plan, answer in turn.findall(text):
+            n_turns += 1
+            assert restated == obs.strip()                       # the think copies the grid it was shown
+            plan, moves = plan.split(", "), answer.split(" || ")
+            assert 1 <= len(moves) <= 2 and plan[:len(moves)] == moves  # the answer is the plan's start
+    assert n_turns >= demos.batch_size
+    # think tokens: the long turns this setting is for (about 60 sampled tokens per turn at 6x6)
+    per_turn = demos.response_mask.sum(1).float() / demos.turn_mask.sum(1).float()
+    assert float(per_turn.mean()) > 45
+    # the think format is part of the cache key; an unknown one stops before any work
+    assert warmstart_key(cfg, tok) != warmstart_key(micro_config(["+setting=long_turns", "model.warmstart.think=plan"]),
+                                                    tok)
+    from ragen_turn.warmstart import warmstart_enabled
+
+    with __import__("pytest").raises(ValueError, match="model.warmstart.think"):
+        warmstart_enabled(micro_config(["+model.warmstart.think=free"]))
+
+
+def test_build_makes_the_warm_start_once(tmp_path, monkeypatch):
+    """warmstart.build(cfg) makes the warm start those runs will load (scripts/compare.sh calls it before its
+    parallel runs); a second call loads it; a config without a warm start gives None."""
+    from ragen_turn.warmstart import build
+
+    monkeypatch.setenv("RAGEN_TURN_CACHE_DIR", str(tmp_path))
+    cfg = micro_config(WS + ["model.warmstart.steps=2", "model.warmstart.episodes=4"])
+    lines = []
+    path = build(cfg, log=lines.append)
+    assert any("sft step 2/2" in ln for ln in lines) and (path / "warmstart.json").is_file()
+    assert str(path).startswith(str(tmp_path))
+    lines = []
+    assert build(cfg, log=lines.append) == path and any("loaded cached warm start" in ln for ln in lines)
+    assert build(micro_config(["model.warmstart.enable=false"])) is None

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# The algorithm comparison on one setting (docs/results/<setting>.md): ALGOS x SEEDS runs of config/sweep/compare.yaml
+# from ONE warm start (built once, first: ragen_turn.warmstart.build), PARALLEL runs at a time on one thread each; every run resumable.
+#
+#   bash scripts/compare.sh <setting> [overrides...]                     # setting: config/setting/<setting>.yaml
+#   flock /work/locks/heavy.lock nice -n 5 bash scripts/compare.sh long_horizon     # on a shared machine
+#   python -m ragen_turn.report runs/compare/sokoban_<setting>_* --out docs/results/<setting> --threshold T
+#
+# Environment: ALGOS (default: the comparison's algorithms that have a config/algo/<name>.yaml), SEEDS
+# ("0 1 2 3 4"), PARALLEL (2), BUDGET_S (each run's trainer.time_budget_s for this call: a run that spends it
+# evaluates, checkpoints and stops, and the next call resumes it; unset = none).
+# Every call passes trainer.resume=true, so a killed or budget-stopped run continues from its last checkpoint and a
+# finished one only loads and exits. Runs go to ${RAGEN_TURN_RUNS_DIR:-runs}/compare/; one line per run and call goes
+# to walltimes_<setting>.tsv there:
+# run dir, exit status, wall seconds, last logged step.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ $# -lt 1 ]; then
+  echo "usage: bash scripts/compare.sh <setting: $(ls config/setting | sed 's/\.yaml$//' | tr '\n' ' ')> [overrides]" >&2
+  exit 2
+fi
+SETTING=$1; shift
+[ -f "config/setting/$SETTING.yaml" ] || { echo "no config/setting/$SETTING.yaml" >&2; exit 2; }
+PY=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
+if [ -z "${ALGOS:-}" ]; then
+  ALGOS=""
+  for a in grpo token_ppo bi_level_gae turn_ppo turn_ppo_geo st_ppo so_grpo; do
+    [ -f "config/algo/$a.yaml" ] && ALGOS="$ALGOS $a"
+  done
+fi
+SEEDS=${SEEDS:-0 1 2 3 4}
+PARALLEL=${PARALLEL:-2}
+COMMON=(env=sokoban "+setting=$SETTING" +sweep=compare trainer.resume=true "$@")
+[ -n "${BUDGET_S:-}" ] && COMMON+=("trainer.time_budget_s=$BUDGET_S")
+ROOT=${RAGEN_TURN_RUNS_DIR:-runs}/compare
+mkdir -p "$ROOT"
+LOG=$ROOT/walltimes_$SETTING.tsv
+echo "[compare] $SETTING: algos${ALGOS}; seeds $SEEDS; $PARALLEL at a time; log $LOG"
+
+# the shared warm start, once, before the parallel runs (which then load it)
+"$PY" - "${COMMON[@]}" algo=grpo <<'PYEOF' | tail -n 2
+import sys
+from ragen_turn.config import validate_config
+from ragen_turn.train import compose_config
+from ragen_turn.warmstart import build
+
+cfg = compose_config(sys.argv[1:])
+validate_config(cfg)
+print(f"[compare] warm start: {build(cfg)}")
+PYEOF
+
+run_one() {  # <algo> <seed>: one run on one thread, its wall time logged
+  local algo=$1 seed=$2 t0 rc dir
+  t0=$(date +%s)
+  dir=$("$PY" -c "import sys; from ragen_turn.train import compose_config; \
+print(compose_config(sys.argv[1:]).trainer.default_local_dir)" "${COMMON[@]}" "algo=$algo" "seed=$seed")
+  mkdir -p "$dir"
+  set +e
+  OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 "$PY" -m ragen_turn.train "${COMMON[@]}" "algo=$algo" "seed=$seed" \
+    >> "$dir/train.log" 2>&1
+  rc=$?
+  set -e
+  local last
+  last=$(tail -n 1 "$dir/metrics.jsonl" 2>/dev/null | "$PY" -c "import json,sys; print(json.loads(sys.stdin.read() or '{}').get('step', '-'))" 2>/dev/null || echo -)
+  printf '%s\t%s\t%s\t%s\n' "$dir" "$rc" "$(( $(date +%s) - t0 ))" "$last" >> "$LOG"
+  echo "[compare] $dir: rc $rc, $(( $(date +%s) - t0 )) s, last step $last"
+}
+export -f run_one
+export PY LOG
+export COMMON_STR="$(printf '%q ' "${COMMON[@]}")"
+# seeds outer, algos inner: a partial sweep holds every algorithm at the same number of seeds
+for seed in $SEEDS; do for algo in $ALGOS; do echo "$algo $seed"; done; done | \
+  xargs -P "$PARALLEL" -L 1 bash -c 'eval "COMMON=($COMMON_STR)"; run_one "$0" "$1"'
+echo "[compare] done: $LOG"

@@ -1,0 +1,37 @@
+"""config/setting/*.yaml: the comparison settings compose, pass the config checks and make the demonstrations
+they are meant to (long_horizon: LargerSokoban, one move per turn, up to 20 turns; long_turns: a long think)."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from helpers import micro_config, tiny_tokenizer
+from ragen_turn.config import validate_config
+from ragen_turn.train import compose_config
+from ragen_turn.warmstart import collect_demonstrations
+
+BASE = ["actor_rollout_ref.rollout.response_length=16"]
+
+
+@pytest.mark.parametrize("setting", ["long_horizon", "long_turns"])
+def test_setting_composes_and_validates(setting):
+    validate_config(micro_config([f"+setting={setting}"]))
+    cfg = compose_config([f"+setting={setting}", "seed=3"])
+    assert cfg.trainer.default_local_dir == f"runs/sokoban_{setting}_turn_ppo_tiny_s3"  # never the default's dir
+
+
+def test_long_horizon_is_one_move_per_turn_on_larger_sokoban():
+    cfg = micro_config(["+setting=long_horizon"])
+    assert list(cfg.env.train_tags) == ["LargerSokoban"] and list(cfg.env.val_tags) == ["LargerSokoban"]
+    assert cfg.agent_proxy.max_actions_per_turn == 1 and cfg.custom_envs.LargerSokoban.max_actions_per_traj == 20
+    assert compose_config(["+setting=long_horizon"]).agent_proxy.max_turn == 20
+    cfg = micro_config(["+setting=long_horizon", "agent_proxy.max_turn=20"] + BASE)
+    tok = tiny_tokenizer()
+    demos = collect_demonstrations(cfg, tok, 4, seed=1)
+    assert bool(demos.success.all())
+    for i in range(demos.batch_size):
+        text = tok.decode(demos.input_ids[i][demos.attention_mask[i].bool()])
+        answers = re.findall(r"assistant\n<answer>(.*?)</answer>", text)
+        assert answers and all(a in ("Up", "Down", "Left", "Right") for a in answers)  # one move per turn
+        assert len(answers) == int(demos.turn_mask[i].sum())
