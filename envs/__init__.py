@@ -35,6 +35,14 @@ except ImportError as e:
     _IMPORT_ERRORS["webshop"] = f"{e} (install with: pip install -e '.[webshop]')"
 
 
+try:
+    from .search_qa import SearchQAEnv, SearchQAEnvConfig
+
+    register_env("search_qa", SearchQAEnv, SearchQAEnvConfig)
+except ImportError as e:
+    _IMPORT_ERRORS["search_qa"] = f"{e} (install with: pip install -e '.[search_qa]')"
+
+
 def get_env_class(name: str) -> type:
     if name not in REGISTERED_ENVS:
         why = f": {_IMPORT_ERRORS[name]}" if name in _IMPORT_ERRORS else ""

@@ -9,10 +9,18 @@ the rollout layer only calls ``reset``, ``step``, ``render``, ``close`` and read
 """
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
 from typing import Any, Dict, List, Tuple
 
 StepResult = Tuple[Any, float, bool, Dict[str, Any]]
+
+
+def env_cache_dir(name: str) -> str:
+    """Where env ``name`` caches on disk (search indexes): ``$RAGEN_TURN_CACHE_DIR/<name>``, else
+    ``~/.cache/ragen_turn/<name>``."""
+    root = os.environ.get("RAGEN_TURN_CACHE_DIR") or os.path.join("~", ".cache", "ragen_turn")
+    return os.path.join(os.path.expanduser(root), name)
 
 
 class BaseEnv(ABC):
@@ -60,7 +68,14 @@ class BaseDiscreteActionEnv(BaseEnv, ABC):
 
 
 class BaseLanguageBasedEnv(BaseEnv, ABC):
-    """Environments whose action is free text (WebShop's ``search[...]`` / ``click[...]``)."""
+    """Environments whose action is free text (WebShop's ``search[...]`` / ``click[...]``).
+
+    ``response_format`` says what the rollout hands to ``step``: ``"answer"`` (RAGEN's, the default) the actions
+    inside the response's ``<answer>a || b</answer>``; ``"raw"`` the whole response text, which the env parses
+    itself (Search-R1's ``<search>`` / ``<answer>`` tags) and scores, format penalty included.
+    """
+
+    response_format: str = "answer"
 
     @abstractmethod
     def step(self, action: str) -> StepResult:

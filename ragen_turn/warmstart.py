@@ -23,7 +23,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from ragen_turn.models import default_cache_root, sequence_logprobs
-from ragen_turn.rollout import ChatFormatter, EnvGroupManager, EnvSlot, TextPolicy, Trajectory, run_episodes
+from ragen_turn.rollout import (ChatFormatter, EnvGroupManager, EnvSlot, TextPolicy, Trajectory, run_episodes,
+                                takes_raw_response)
 
 WARMSTART_VERSION = 1
 
@@ -49,6 +50,9 @@ def demo_responder(cfg: DictConfig, seed: int):
         plan = env.solve() if hasattr(env, "solve") else None
         if plan is None:
             raise ValueError(f"env {type(env).__name__} cannot produce demonstrations (no solve() or unsolvable state)")
+        if takes_raw_response(env):  # the plan's first entry is the whole response (search_qa's <search> ...)
+            why = "I need to look this up." if plan[0].lstrip().startswith("<search>") else "I know the answer now."
+            return (f"<think>{why}</think>" if think else "") + plan[0]
         k = rng.randint(int(lo), int(min(hi, cfg.agent_proxy.max_actions_per_turn)))
         actions = [_action_name(env, a) for a in list(plan)[:k]] or [_action_name(env, env.get_all_actions()[0])]
         body = f"<answer>{sep.join(actions)}</answer>"

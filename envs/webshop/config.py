@@ -5,6 +5,8 @@ import os
 from dataclasses import dataclass, fields
 from typing import Any, Dict, List, Mapping, Optional
 
+from ..base import env_cache_dir
+
 SPLITS = ("train", "val", "test", "all")
 _SPLIT_ALIASES = {"eval": "val", "validation": "val", "dev": "val"}
 OBSERVATION_MODES = ("text", "text_rich", "compact")
@@ -145,10 +147,7 @@ def _check_split_ranges(ranges: Any) -> Dict[str, List[Optional[int]]]:
 
 def default_cache_dir() -> str:
     """``$RAGEN_TURN_CACHE_DIR/webshop`` (the project's cache root), else ``~/.cache/ragen_turn/webshop``."""
-    root = os.environ.get("RAGEN_TURN_CACHE_DIR")
-    if root:
-        return os.path.join(os.path.expanduser(root), "webshop")
-    return os.path.join(os.path.expanduser("~"), ".cache", "ragen_turn", "webshop")
+    return env_cache_dir("webshop")
 
 
 __all__ = ["WebShopEnvConfig", "SHIPPED_DATA_DIR", "SPLITS", "normalize_split", "default_cache_dir"]

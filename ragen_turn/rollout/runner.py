@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, List, Optional, Protocol, Sequence
 
-from .context import ChatFormatter, ContextConfig, parse_response, system_prompt, user_message
+from .context import ChatFormatter, ContextConfig, parse_response, system_prompt, takes_raw_response, user_message
 from .env_manager import EnvSlot
 from .trajectory import Episode
 
@@ -70,7 +70,8 @@ def _play(slots: Sequence[EnvSlot], policy: Policy, formatter: ChatFormatter, cf
     live: List[_Live] = []
     for slot in slots:
         obs = slot.env.reset(seed=slot.seed)
-        ids = formatter.first_prompt(system_prompt(slot.instruction, cfg), user_message(str(obs), 0, cfg))
+        ids = formatter.first_prompt(system_prompt(slot.instruction, cfg, takes_raw_response(slot.env)),
+                                     user_message(str(obs), 0, cfg))
         if len(ids) + cfg.response_length > cfg.max_context_tokens:
             raise ValueError(f"the first prompt ({len(ids)} tokens) plus one response "
                              f"(actor_rollout_ref.rollout.response_length={cfg.response_length}) does not fit "
@@ -113,8 +114,15 @@ def _play(slots: Sequence[EnvSlot], policy: Policy, formatter: ChatFormatter, cf
 
 
 def _step_env(s: _Live, text: str, cfg: ContextConfig) -> tuple[float, str]:
-    """Parse the response, step the env with each action; returns (turn reward, feedback text)."""
-    actions, ok = parse_response(text, cfg)
+    """Parse the response, step the env with each action; returns (turn reward, feedback text).
+
+    An env that takes the raw response gets the whole text as its one action and scores the format itself
+    (an invalid response counts as a format error)."""
+    raw = takes_raw_response(s.slot.env)
+    if raw:
+        actions, ok = [text], True
+    else:
+        actions, ok = parse_response(text, cfg)
     reward = 0.0
     feedback = ""
     if not ok:
@@ -131,12 +139,15 @@ def _step_env(s: _Live, text: str, cfg: ContextConfig) -> tuple[float, str]:
         s.ep.num_valid_actions += int(valid)
         invalid += int(not valid)
         s.ep.num_effective_actions += int(bool(info.get("action_is_effective", True)))
+        if not valid and raw:
+            s.ep.format_errors += 1
+        s.ep.metrics.update(info.get("episode_metrics") or {})
         if info.get("success"):
             s.ep.success = True
         if done:
             s.done = True
             break
-    if invalid and not feedback:
+    if invalid and not feedback and not raw:  # a raw env's observation already says what was wrong
         feedback = f"{invalid} invalid action(s)."
     return reward, feedback
 

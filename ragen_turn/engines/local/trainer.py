@@ -150,7 +150,10 @@ def episode_metrics(batch: Trajectory, prefix: str = "env") -> Dict[str, float]:
     eps = batch.episodes
     n_actions = sum(e.num_actions for e in eps)
     n_turns = sum(e.num_turns for e in eps)
-    return {
+    # env-specific numbers (search_qa: em, f1, searches): mean over the episodes whose env reports them
+    extra = {f"{prefix}/{k}": float(np.mean([e.metrics[k] for e in eps if k in e.metrics]))
+             for k in sorted({k for e in eps for k in e.metrics})}
+    return {**extra,
         f"{prefix}/success": float(np.mean([e.success for e in eps])),
         f"{prefix}/reward": float(np.mean([e.total_reward for e in eps])),
         f"{prefix}/turns": float(np.mean([e.num_turns for e in eps])),
