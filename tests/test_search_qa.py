@@ -469,3 +469,83 @@ def test_config_checks_name_the_key():
     cfg = SearchQAEnvConfig(max_searches=2)
     assert cfg.max_turns == 3 and SearchQAEnvConfig(split="dev").split == "val"
     assert REGISTERED_ENVS["search_qa"] is SearchQAEnv
+
+
+# ------------------------------------------------------------------------------------------------ rollout, warm start
+@pytest.fixture(scope="module")
+def search_tokenizer():
+    from ragen_turn.models.tiny import build_tokenizer
+
+    return build_tokenizer(corpus="search_qa")
+
+
+def test_search_qa_tokenizer_tags_and_names(search_tokenizer):
+    from ragen_turn.models.tiny import SEARCH_TAG_TOKENS, TAG_TOKENS, build_tokenizer
+
+    tok = search_tokenizer
+    assert len(tok) == 2048
+    for t in TAG_TOKENS + SEARCH_TAG_TOKENS:
+        assert len(tok(t, add_special_tokens=False).input_ids) == 1, t
+    text = "<information>Doc 1(Title: Vreidudrous) Vreidudrous is an eastern country whose capital is Zudafeirn."
+    ids = tok(text, add_special_tokens=False).input_ids
+    assert tok.decode(ids) == text and len(ids) <= len(text.split()) * 2  # the default tokenizer needs ~3 per word
+    default = build_tokenizer()
+    assert len(default(text, add_special_tokens=False).input_ids) > 1.5 * len(ids)
+    assert build_tokenizer(corpus="search_qa").backend_tokenizer.to_str() == tok.backend_tokenizer.to_str()
+
+
+def _search_cfg(extra=()):
+    from helpers import micro_config
+
+    return micro_config(["env=search_qa", "actor_rollout_ref.rollout.response_length=24", "agent_proxy.max_turn=4",
+                         "es_manager.train.env_groups=16", "es_manager.train.group_size=1", *extra])
+
+
+def test_expert_rollout_through_the_chat_format(search_tokenizer):
+    from ragen_turn.engines.local.trainer import context_config, episode_metrics
+    from ragen_turn.rollout import ChatFormatter, EnvGroupManager, TextPolicy, Trajectory, run_episodes
+
+    cfg = _search_cfg()
+    tok = search_tokenizer
+    envs = EnvGroupManager(cfg.custom_envs, cfg.es_manager.train, "train")
+    assert envs.slots[0].instruction.startswith("Answer the question with the help of a search engine")
+    eps = run_episodes(envs.assign_seeds(0, 0), TextPolicy(tok, lambda slot: slot.env.solve()[0]),
+                       ChatFormatter(tok), context_config(cfg))
+    assert all(e.success and e.format_errors == 0 for e in eps)
+    assert all(e.turn_rewards[-1] == 1.0 and sum(e.turn_rewards) == 1.0 for e in eps)
+    assert all(e.metrics["em"] == 1.0 and e.num_turns == e.metrics["searches"] + 1 for e in eps)
+    batch = Trajectory.from_episodes(eps, tok.pad_token_id)
+    m = episode_metrics(batch, "val")
+    assert m["val/success"] == m["val/em"] == m["val/f1"] == 1.0 and 1 <= m["val/searches"] <= 2
+    text = tok.decode(batch.input_ids[0][batch.attention_mask[0].bool()].tolist())
+    assert "<information>Doc 1(Title: " in text and "Give up to" not in text  # no <answer>-list format line
+    resp = tok.decode(batch.input_ids[0][batch.response_mask[0].bool()].tolist())
+    assert "<information>" not in resp and resp.count("<search>") == eps[0].metrics["searches"]
+
+
+def test_malformed_responses_count_as_format_errors(search_tokenizer):
+    from ragen_turn.engines.local.trainer import context_config, episode_metrics
+    from ragen_turn.rollout import ChatFormatter, EnvGroupManager, TextPolicy, Trajectory, run_episodes
+
+    cfg = _search_cfg(["es_manager.format_penalty=-0.2"])
+    tok = search_tokenizer
+    envs = EnvGroupManager(cfg.custom_envs, cfg.es_manager.train, "train")
+    eps = run_episodes(envs.assign_seeds(0, 0), TextPolicy(tok, lambda slot: "<answer>Up || Down</ans"),
+                       ChatFormatter(tok), context_config(cfg))
+    assert all(e.format_errors == 4 and e.turn_rewards == [-0.2] * 4 and not e.success for e in eps)
+    m = episode_metrics(Trajectory.from_episodes(eps, tok.pad_token_id), "env")
+    assert m["env/format_error_rate"] == 1.0 and m["env/em"] == m["env/f1"] == 0.0
+
+
+def test_warmstart_demonstrations_are_the_expert_responses(search_tokenizer):
+    from ragen_turn.warmstart import collect_demonstrations, demo_responder
+
+    cfg = _search_cfg(["agent_proxy.enable_think=true"])
+    demos = collect_demonstrations(cfg, search_tokenizer, 8, seed=1)
+    assert demos.batch_size == 8 and float(demos.success.mean()) == 1.0
+    from ragen_turn.rollout import EnvGroupManager
+
+    slot = EnvGroupManager(cfg.custom_envs, cfg.es_manager.train, "train").assign_seeds(0, 0)[0]
+    slot.env.reset(seed=slot.seed)
+    first = demo_responder(cfg, 0)(slot)
+    assert first == "<think>I need to look this up.</think>" + slot.env.solve()[0]
