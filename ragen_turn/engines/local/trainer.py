@@ -58,6 +58,10 @@ def validate_config(cfg: DictConfig) -> None:
     from ragen_turn.algos import ADV_ESTIMATOR_REGISTRY, POLICY_LOSS_REGISTRY
     from ragen_turn.rollout.env_manager import parse_split
 
+    missing = sorted(OmegaConf.missing_keys(cfg)) if OmegaConf.is_config(cfg) else []
+    if missing:  # `???` values a paper config (or model=hf's path) asks for
+        raise ValueError(f"missing required value(s): {', '.join(missing)} (set them on the command line)")
+
     adv = cfg.algorithm.adv_estimator
     if adv not in ADV_ESTIMATOR_REGISTRY:
         raise ValueError(f"algorithm.adv_estimator={adv!r} is unknown; known: {sorted(ADV_ESTIMATOR_REGISTRY)}")
