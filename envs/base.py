@@ -16,6 +16,18 @@ from typing import Any, Dict, List, Tuple
 StepResult = Tuple[Any, float, bool, Dict[str, Any]]
 
 
+SPLIT_ALIASES = {"eval": "val", "validation": "val", "dev": "val"}
+
+
+def normalize_split(split: Any, splits: Tuple[str, ...], env_name: str) -> str:
+    """``split`` lower-cased with RAGEN's aliases (``eval`` / ``validation`` / ``dev`` = ``val``); None = ``train``."""
+    s = str(split).strip().lower() if split is not None else "train"
+    s = SPLIT_ALIASES.get(s, s)
+    if s not in splits:
+        raise ValueError(f"{env_name}: unknown split {split!r}; expected one of {list(splits)} (or 'eval' for 'val')")
+    return s
+
+
 def env_cache_dir(name: str) -> str:
     """Where env ``name`` caches on disk (search indexes): ``$RAGEN_TURN_CACHE_DIR/<name>``, else
     ``~/.cache/ragen_turn/<name>``."""

@@ -5,21 +5,17 @@ import os
 from dataclasses import dataclass, fields
 from typing import Any, Mapping, Optional
 
+from ..base import normalize_split as _normalize_split
 from .data import QA_FORMATS
 
 SPLITS = ("train", "val", "test")
-_SPLIT_ALIASES = {"eval": "val", "validation": "val", "dev": "val"}
 
 #: the synthetic knowledge base and questions shipped with the package (scripts/make_search_qa_data.py)
 SHIPPED_DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 
 
 def normalize_split(split: Optional[str]) -> str:
-    s = str(split).strip().lower() if split is not None else "train"
-    s = _SPLIT_ALIASES.get(s, s)
-    if s not in SPLITS:
-        raise ValueError(f"search_qa: unknown split {split!r}; expected one of {list(SPLITS)}")
-    return s
+    return _normalize_split(split, SPLITS, "search_qa")
 
 
 @dataclass
