@@ -482,15 +482,23 @@ def search_tokenizer():
 def test_search_qa_tokenizer_tags_and_names(search_tokenizer):
     from ragen_turn.models.tiny import SEARCH_TAG_TOKENS, TAG_TOKENS, build_tokenizer
 
-    tok = search_tokenizer
+    tok, default = search_tokenizer, build_tokenizer()
     assert len(tok) == 2048
     for t in TAG_TOKENS + SEARCH_TAG_TOKENS:
         assert len(tok(t, add_special_tokens=False).input_ids) == 1, t
-    text = "<information>Doc 1(Title: Vreidudrous) Vreidudrous is an eastern country whose capital is Zudafeirn."
-    ids = tok(text, add_special_tokens=False).input_ids
-    assert tok.decode(ids) == text and len(ids) <= len(text.split()) * 2  # the default tokenizer needs ~3 per word
-    default = build_tokenizer()
-    assert len(default(text, add_special_tokens=False).input_ids) > 1.5 * len(ids)
+    corpus = _read_gz(os.path.join(SHIPPED_DATA_DIR, "corpus.jsonl.gz"))
+    per_word, names = {}, {}
+    for split in ("train", "val"):
+        texts = [r["contents"].replace("\n", " ") for r in corpus if r["split"] == split][:200]
+        ids = [tok(t, add_special_tokens=False).input_ids for t in texts]
+        assert all(tok.decode(i) == t for i, t in zip(ids, texts))
+        per_word[split] = sum(map(len, ids)) / sum(len(t.split()) for t in texts)
+        titles = [" " + r["contents"].split("\n")[0] for r in corpus if r["split"] == split][:200]
+        names[split] = sum(len(tok(t, add_special_tokens=False).input_ids) for t in titles) / len(titles)
+        n_default = sum(len(default(t, add_special_tokens=False).input_ids) for t in texts)
+        assert n_default > 1.4 * sum(map(len, ids))  # the Sokoban / WebShop tokenizer spells names out
+    # no shipped name is in the tokenizer's text: held-out names split like train names
+    assert abs(per_word["val"] / per_word["train"] - 1) < 0.1 and abs(names["val"] / names["train"] - 1) < 0.1
     assert build_tokenizer(corpus="search_qa").backend_tokenizer.to_str() == tok.backend_tokenizer.to_str()
 
 

@@ -351,19 +351,5 @@ def clear_data_cache() -> None:
         _LOADED.clear()
 
 
-def tokenizer_corpus(data_dir: str) -> Iterator[str]:
-    """Text of the shipped train split (passages of train worlds, train questions, the protocol tags), for a
-    tokenizer trained on this env's language: held-out worlds stay out of it."""
-    with _open_text(os.path.join(data_dir, "corpus.jsonl.gz")) as f:
-        for line in f:
-            rec = json.loads(line)
-            if rec.get("split") == "train":
-                p = split_contents(rec["contents"])
-                yield f"Doc 1(Title: {p.title}) {p.text}"
-    for item in load_questions(os.path.join(data_dir, "train.jsonl.gz")):
-        yield (f"{item.prompt_text()}\n" + "".join(f"<search> {q} </search>\n" for q in item.queries)
-               + f"<answer> {item.golden_answers[0]} </answer>")
-
-
 __all__ = ["Corpus", "Passage", "QAItem", "SearchQADataError", "load_questions", "split_contents",
-           "tokenizer_corpus", "get_corpus", "get_questions", "clear_data_cache", "QA_FORMATS"]
+           "get_corpus", "get_questions", "clear_data_cache", "QA_FORMATS"]

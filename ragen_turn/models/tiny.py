@@ -15,9 +15,9 @@ Nothing is downloaded. The tokenizer is trained with the `tokenizers` library on
   `||` are single BPE tokens both with and without a leading space (`Up`, ` Up`);
 - digits are split one per token; the pipeline is Qwen2's (NFC, Qwen2's split regex, byte-level BPE).
 
-`tokenizer_corpus: search_qa` (set by `env=search_qa`) trains the same pipeline on the search-QA env's shipped
-train split instead, with 2048 tokens and `<search>`, `</search>`, `<information>`, `</information>` added as
-well: a passage is about 1.4 tokens per word instead of 3 (the Sokoban promises above do not hold for it).
+`tokenizer_corpus: search_qa` (set by `env=search_qa`) trains the same pipeline on the search-QA env's text instead
+(passages and questions of a synthetic knowledge base with other names than the shipped one), with 2048 tokens and
+`<search>`, `</search>`, `<information>`, `</information>` added as well (the Sokoban promises above do not hold).
 """
 from __future__ import annotations
 
@@ -303,11 +303,10 @@ def _corpus_spec(corpus: str, seed: int) -> tuple[list[str], list[str], int]:
     if corpus == "agents":
         return build_corpus(seed), list(TAG_TOKENS), VOCAB_SIZE
     if corpus == "search_qa":
-        from ragen_turn.envs.search_qa import SHIPPED_DATA_DIR
-        from ragen_turn.envs.search_qa.data import tokenizer_corpus
+        from ragen_turn.envs.search_qa.kb import tokenizer_corpus
 
-        rng = random.Random(0)
-        docs = list(tokenizer_corpus(SHIPPED_DATA_DIR))
+        rng = random.Random(seed)
+        docs = tokenizer_corpus()
         chat = ["You are a helpful agent.", "Turn 1:", "State:", "You have 3 turns left.", "Reward: 0.00",
                 "Invalid response: no <search> ... </search> or <answer> ... </answer> found.",
                 "<think>I need to look this up.</think>", "<think>I know the answer now.</think>"]
