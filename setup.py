@@ -13,6 +13,7 @@ PACKAGES = [
     "ragen_turn.envs",
     "ragen_turn.envs.sokoban",
     "ragen_turn.envs.webshop",
+    "ragen_turn.envs.search_qa",
 ]
 
 setup(
@@ -22,8 +23,8 @@ setup(
     python_requires=">=3.10",
     packages=PACKAGES,
     package_dir={"ragen_turn.envs": "envs", "ragen_turn.envs.sokoban": "envs/sokoban",
-                 "ragen_turn.envs.webshop": "envs/webshop"},
-    package_data={"ragen_turn.envs.webshop": ["data/*.json"]},
+                 "ragen_turn.envs.webshop": "envs/webshop", "ragen_turn.envs.search_qa": "envs/search_qa"},
+    package_data={"ragen_turn.envs.webshop": ["data/*.json"], "ragen_turn.envs.search_qa": ["data/*.jsonl.gz"]},
     install_requires=[
         "torch>=2.4",
         "numpy>=2",
@@ -37,6 +38,8 @@ setup(
     extras_require={
         "dev": ["pytest", "hypothesis"],
         "webshop": ["bm25s>=0.2"],
+        "search_qa": ["bm25s>=0.2"],
+        "parquet": ["pyarrow"],          # search_qa: Search-R1's QA parquet files
         "plot": ["matplotlib"],
         # report.py's interval estimates (IQM, stratified bootstrap CIs, probability of improvement)
         "stats": ["scipy>=1.15"],

@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 if [ $# -lt 2 ]; then
-  echo "usage: bash train.sh <env: sokoban|webshop|an env_type registered by env_module=...> <algo: grpo|token_ppo|bi_level_gae|turn_ppo|turn_ppo_geo|turn_is|s_ppo|st_ppo|so_ppo|so_grpo> [overrides]" >&2
+  echo "usage: bash train.sh <env: sokoban|webshop|search_qa|an env_type registered by env_module=...> <algo: grpo|token_ppo|bi_level_gae|turn_ppo|turn_ppo_geo|turn_is|s_ppo|st_ppo|so_ppo|so_grpo> [overrides]" >&2
   exit 2
 fi
 ENV_NAME=$1; ALGO=$2; shift 2

@@ -41,6 +41,14 @@ except ImportError as e:
     _IMPORT_ERRORS["webshop"] = f"{e} (install with: pip install -e '.[webshop]')"
 
 
+try:
+    from .search_qa import SearchQAEnv, SearchQAEnvConfig
+
+    register_env("search_qa", SearchQAEnv, SearchQAEnvConfig)
+except ImportError as e:
+    _IMPORT_ERRORS["search_qa"] = f"{e} (install with: pip install -e '.[search_qa]')"
+
+
 def import_env_modules(modules: str | Iterable[str] | None) -> list:
     """Import the modules named by ``env_module`` (one name, a comma-separated string or a list); each
     registers its envs when imported. A module that cannot be imported is a ``ValueError`` naming it."""

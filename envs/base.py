@@ -9,6 +9,7 @@ the rollout layer only calls ``reset``, ``step``, ``render``, ``close`` and read
 """
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
 import numbers
 from typing import Any, Dict, List, Optional, Tuple
@@ -25,6 +26,25 @@ def check_seed(seed: Any, name: str = "seed") -> Optional[int]:
         raise TypeError(f"reset({name}={seed!r}): {name} must be an int (or numpy integer) or None, "
                         f"got {type(seed).__name__}")
     return int(seed)
+
+
+SPLIT_ALIASES = {"eval": "val", "validation": "val", "dev": "val"}
+
+
+def normalize_split(split: Any, splits: Tuple[str, ...], env_name: str) -> str:
+    """``split`` lower-cased with RAGEN's aliases (``eval`` / ``validation`` / ``dev`` = ``val``); None = ``train``."""
+    s = str(split).strip().lower() if split is not None else "train"
+    s = SPLIT_ALIASES.get(s, s)
+    if s not in splits:
+        raise ValueError(f"{env_name}: unknown split {split!r}; expected one of {list(splits)} (or 'eval' for 'val')")
+    return s
+
+
+def env_cache_dir(name: str) -> str:
+    """Where env ``name`` caches on disk (search indexes): ``$RAGEN_TURN_CACHE_DIR/<name>``, else
+    ``~/.cache/ragen_turn/<name>``."""
+    root = os.environ.get("RAGEN_TURN_CACHE_DIR") or os.path.join("~", ".cache", "ragen_turn")
+    return os.path.join(os.path.expanduser(root), name)
 
 
 class BaseEnv(ABC):
@@ -72,7 +92,14 @@ class BaseDiscreteActionEnv(BaseEnv, ABC):
 
 
 class BaseLanguageBasedEnv(BaseEnv, ABC):
-    """Environments whose action is free text (WebShop's ``search[...]`` / ``click[...]``)."""
+    """Environments whose action is free text (WebShop's ``search[...]`` / ``click[...]``).
+
+    ``response_format`` says what the rollout hands to ``step``: ``"answer"`` (RAGEN's, the default) the actions
+    inside the response's ``<answer>a || b</answer>``; ``"raw"`` the whole response text, which the env parses
+    itself (Search-R1's ``<search>`` / ``<answer>`` tags) and scores, format penalty included.
+    """
+
+    response_format: str = "answer"
 
     @abstractmethod
     def step(self, action: str) -> StepResult:

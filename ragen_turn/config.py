@@ -71,8 +71,10 @@ def check_missing_and_optional(cfg: DictConfig) -> None:
     if "model.path" in missing:
         raise ValueError(f"model.path is required for model={cfg.model.get('name', '?')}: "
                          "model.path=/path/to/a/local/huggingface/checkpoint (nothing is downloaded)")
-    if missing:
-        raise ValueError(f"{missing[0]} is required (no default): set {missing[0]}=...")
+    if missing:  # the keys a user sets first: paper_data.* before the env configs that copy them
+        own = [k for k in missing if not k.startswith("custom_envs.")] or missing
+        raise ValueError(f"{', '.join(own)} {'is' if len(own) == 1 else 'are'} required (no default): "
+                         + " ".join(f"{k}=..." for k in own))
     if cfg.logger not in LOGGERS:
         raise ValueError(f"logger must be one of {list(LOGGERS)}, got {cfg.logger!r}")
     if cfg.logger == "wandb" and find_spec("wandb") is None:

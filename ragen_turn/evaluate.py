@@ -37,10 +37,15 @@ def resolve_checkpoint(path: str) -> Path:
                             "or a Hugging Face model directory")
 
 
+# env-specific episode metrics, shown when the env reports them (search_qa: success is EM)
+ENV_COLUMNS = [("F1", "val/f1"), ("searches", "val/searches"), ("retrieval hit", "val/retrieval_hit")]
+
+
 def format_table(metrics: dict, title: str) -> str:
-    head = "| model | episodes | " + " | ".join(c for c, _ in COLUMNS) + " |"
-    sep = "|" + "---|" * (len(COLUMNS) + 2)
-    row = f"| {title} | {int(metrics['episodes'])} | " + " | ".join(f"{metrics[k]:.3f}" for _, k in COLUMNS) + " |"
+    cols = COLUMNS + [c for c in ENV_COLUMNS if c[1] in metrics]
+    head = "| model | episodes | " + " | ".join(c for c, _ in cols) + " |"
+    sep = "|" + "---|" * (len(cols) + 2)
+    row = f"| {title} | {int(metrics['episodes'])} | " + " | ".join(f"{metrics[k]:.3f}" for _, k in cols) + " |"
     return "\n".join([head, sep, row])
 
 

@@ -323,6 +323,7 @@ class ModelConfig:
     max_position_embeddings: Optional[int] = key(None, **COUNT)
     tie_word_embeddings: Optional[bool] = key(None)
     seed: Optional[int] = key(None, **NON_NEGATIVE)
+    tokenizer_corpus: Optional[str] = key(None, choices=("agents", "search_qa"))  # model=tiny's tokenizer text
     warmstart: WarmstartConfig = section(WarmstartConfig)
 
 
@@ -353,6 +354,15 @@ class EngineConfig:
 
 
 @dataclass
+class PaperDataConfig:
+    """``+paper=stppo_*``: the user's copies of the paper's data (nothing is downloaded)."""
+
+    corpus_path: str = key(exists=True)
+    train_path: str = key(exists=True)
+    val_path: str = key(exists=True)
+
+
+@dataclass
 class RunConfig:
     """The root: ``config/base.yaml`` and its groups (model, env, algo, engine, paper, sweep) compose into it."""
 
@@ -377,6 +387,7 @@ class RunConfig:
     env: EnvGroupConfig = section(EnvGroupConfig)
     # each tag is checked as a CustomEnvConfig; the node itself stays an open mapping, so a new tag can be added
     # on the command line (OmegaConf cannot add a plain dict to a Dict[str, dataclass] node)
+    paper_data: Optional[PaperDataConfig] = key(None)  # +paper=stppo_*
     custom_envs: Dict[str, Any] = field(default_factory=dict, metadata={"each": CustomEnvConfig})
     trainer: TrainerConfig = section(TrainerConfig)
     model: ModelConfig = section(ModelConfig)

@@ -32,6 +32,7 @@ from ragen_turn.rollout import (
     context_config,
     declared_actions,
     run_episodes,
+    takes_raw_response,
 )
 
 WARMSTART_VERSION = 2  # 2: Sokoban rooms from RAGEN's generator rules
@@ -106,6 +107,9 @@ def demo_responder(cfg: DictConfig, seed: int):
         plan = env.solve() if hasattr(env, "solve") else None
         if plan is None:
             raise ValueError(f"env {type(env).__name__} cannot produce demonstrations (no solve() or unsolvable state)")
+        if takes_raw_response(env):  # the plan's first entry is the whole response (search_qa's <search> ...)
+            why = "I need to look this up." if plan[0].lstrip().startswith("<search>") else "I know the answer now."
+            return (f"<think>{why}</think>" if think else "") + plan[0]
         cap = int(cfg.agent_proxy.max_actions_per_turn)
         k = rng.randint(int(lo), int(min(hi, cap)))
         turn = turns_taken.get(id(slot), 0)

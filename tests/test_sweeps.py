@@ -27,12 +27,16 @@ SWEEPS = {  # name -> (overrides as documented in the sweep file, jobs)
 }
 PAPERS = ["turnppo_webshop_qwen2.5-3b", "turnppo_webshop_qwen3-1.7b", "turnppo_webshop_qwen3-1.7b-think",
           "turnppo_sokoban_qwen2.5-3b", "turnppo_sokoban_qwen2.5-7b"]
+STPPO_PAPERS = ["stppo_search_qa_qwen2.5-7b", "stppo_search_qa_qwen2.5-1.5b", "stppo_medqa_qwen2.5-7b"]
+STPPO_DATA = ["paper_data.corpus_path=/data/wiki-18.jsonl", "paper_data.train_path=/data/train.parquet",
+              "paper_data.val_path=/data/test.parquet"]
 ALGOS = ["grpo", "token_ppo", "bi_level_gae", "turn_ppo", "turn_ppo_geo", "turn_is", "s_ppo", "st_ppo"]
 
 
 def test_every_sweep_and_paper_file_is_tested():
     assert sorted(p.stem for p in (ROOT / "config" / "sweep").glob("*.yaml")) == sorted(SWEEPS)
-    assert sorted(p.stem for p in (ROOT / "config" / "paper").glob("*.yaml")) == sorted(PAPERS + ["turnppo_common"])
+    assert sorted(p.stem for p in (ROOT / "config" / "paper").glob("*.yaml")) == sorted(
+        PAPERS + ["turnppo_common"] + STPPO_PAPERS + ["stppo_common"])
 
 
 def test_cfg_job_composes_on_the_command_line():
@@ -190,6 +194,34 @@ def test_paper_config_has_the_spec_values(name):
         assert kept % bm == 0 and bm % (c.trainer.n_gpus_per_node * c.trainer.nnodes) == 0
 
 
+@pytest.mark.parametrize("name", STPPO_PAPERS)
+def test_stppo_paper_config_has_the_spec_values(name):
+    from ragen_turn.engines.local.trainer import validate_config
+
+    cfg = _paper(name, *STPPO_DATA)
+    a, sq = cfg.actor_rollout_ref.actor, cfg.custom_envs.SearchQA.env_config
+    assert cfg.engine.name == "verl" and cfg.algo.name == "st_ppo" and cfg.env.name == "search_qa"
+    assert cfg.algorithm.adv_estimator == "token_gae" and cfg.critic.level == "token"  # (paper) critic + token GAE
+    assert (a.clip_ratio_low, a.clip_ratio_high) == (0.2, 0.2)                           # (paper) clip eps 0.2
+    assert (cfg.algorithm.gamma, cfg.algorithm.lam) == (1.0, 1.0)
+    assert (a.optim.lr, cfg.critic.optim.lr, a.kl_loss_coef) == (1e-6, 1e-5, 0.001)      # Search-R1's defaults
+    assert cfg.actor_rollout_ref.rollout.response_length == 500 and cfg.agent_proxy.max_turn == 5
+    assert (sq.topk, sq.max_searches, sq.corpus_path) == (3, 4, "/data/wiki-18.jsonl")
+    assert cfg.custom_envs.SearchQAVal.env_config.corpus_path == "/data/wiki-18.jsonl"
+    assert (sq.qa_path, cfg.custom_envs.SearchQAVal.env_config.qa_path) == ("/data/train.parquet", "/data/test.parquet")
+    assert cfg.custom_envs.SearchQAVal.env_config.max_turns == 5
+    assert sq.qa_format == ("mcqa" if "medqa" in name else "auto")
+    assert cfg.model.name == ("qwen2.5-1.5b" if "1.5b" in name else "qwen2.5-7b") and cfg.dtype == "bfloat16"
+    cfg.device = "cpu"
+    validate_config(cfg)
+    kept, bm = cfg.es_manager.train.env_groups * cfg.es_manager.train.group_size, cfg.ppo_mini_batch_size
+    assert kept % bm == 0 and bm % (cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes) == 0
+    no_corpus = compose_config([f"+paper={name}", "model.path=/m", *STPPO_DATA[1:]])
+    no_corpus.device = "cpu"
+    with pytest.raises(ValueError, match=r"missing required value\(s\): .*paper_data\.corpus_path"):
+        validate_config(no_corpus)  # the data paths must be given, before any work
+
+
 def test_paper_runs_have_distinct_dirs_and_need_a_model_path():
     dirs = {str(_paper(p).trainer.default_local_dir) for p in PAPERS}
     assert len(dirs) == len(PAPERS) and all(d.startswith("runs/paper/") for d in dirs)
@@ -201,7 +233,7 @@ def test_paper_runs_have_distinct_dirs_and_need_a_model_path():
 def test_paper_configs_only_set_existing_keys():
     """Every key the paper files set exists in the config they override (base + groups, engine=verl)."""
     missing = object()
-    base = compose_config(["engine=verl", f"model.path={MODEL_DIR}"])
+    bases = {env: compose_config(["engine=verl", f"model.path={MODEL_DIR}", f"env={env}"]) for env in ("sokoban", "search_qa")}
 
     def leaves(node, prefix=""):
         for k, v in node.items():
@@ -214,9 +246,12 @@ def test_paper_configs_only_set_existing_keys():
     for path in sorted((ROOT / "config" / "paper").glob("*.yaml")):
         data = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
         data.pop("defaults", None)
+        base = bases["search_qa" if path.stem.startswith("stppo") else "sokoban"]
         for key in leaves(data):
+            if key.startswith("paper_data."):  # the ST-PPO files' own required data paths
+                continue
             assert OmegaConf.select(base, key, default=missing) is not missing, f"{path.name}: {key}"
     common = (ROOT / "config" / "paper" / "turnppo_common.yaml").read_text()
     assert "UNCONFIRMED" in next(ln for ln in common.splitlines() if "kl_loss_coef" in ln)
-    for p in PAPERS:
+    for p in PAPERS + STPPO_PAPERS:
         assert f"python -m ragen_turn.train +paper={p}" in (ROOT / "config" / "paper" / f"{p}.yaml").read_text()

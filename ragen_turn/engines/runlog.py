@@ -42,6 +42,9 @@ def episode_metrics(batch: Trajectory, prefix: str = "env") -> Dict[str, float]:
         f"{prefix}/truncated": float(np.mean([e.truncated for e in eps])),
         f"{prefix}/response_tokens": float(batch.response_mask.sum(dim=1).mean()),
     }
+    # env-specific numbers (search_qa: em, f1, searches): mean over the episodes whose env reports them
+    for k in sorted({k for e in eps for k in e.metrics}):
+        out[f"{prefix}/{k}"] = float(np.mean([e.metrics[k] for e in eps if k in e.metrics]))
     groups: Dict[int, List[Any]] = {}
     for e in eps:
         groups.setdefault(e.group_id, []).append(e)

@@ -14,6 +14,10 @@ Nothing is downloaded. The tokenizer is trained with the `tokenizers` library on
 - `<think>`, `</think>`, `<answer>`, `</answer>` are added (non-special) tokens; `Up`, `Down`, `Left`, `Right` and
   `||` are single BPE tokens both with and without a leading space (`Up`, ` Up`);
 - digits are split one per token; the pipeline is Qwen2's (NFC, Qwen2's split regex, byte-level BPE).
+
+`tokenizer_corpus: search_qa` (set by `env=search_qa`) trains the same pipeline on the search-QA env's text instead
+(passages and questions of a synthetic knowledge base with other names than the shipped one), with 2048 tokens and
+`<search>`, `</search>`, `<information>`, `</information>` added as well (the Sokoban promises above do not hold).
 """
 from __future__ import annotations
 
@@ -42,8 +46,15 @@ CHAT_TEMPLATE = (
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
 
+# Tokenizer corpora (`model.tokenizer_corpus`): the text the BPE is trained on, its added tags and its vocab size.
+# `agents` (the default) is Sokoban / WebShop text; `search_qa` is the search-QA env's shipped train split (passages,
+# questions, Search-R1's tags), so its fictional names and words are a few tokens each instead of one per letter.
+SEARCH_TAG_TOKENS = ["<search>", "</search>", "<information>", "</information>"]
+TOKENIZER_CORPORA = ("agents", "search_qa")
+
 DEFAULT_CONFIG: dict[str, Any] = {
     "arch": "qwen2",                  # or "llama"
+    "tokenizer_corpus": "agents",     # see TOKENIZER_CORPORA
     "hidden_size": 128,
     "num_hidden_layers": 2,
     "num_attention_heads": 4,
@@ -287,8 +298,25 @@ QWEN2_PRETOKENIZE_REGEX = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p
                            r"""\s*[\r\n]+|\s+(?!\S)|\s+""")
 
 
-def build_tokenizer_object(seed: int = 0):
-    """Train and return a `tokenizers.Tokenizer` (deterministic)."""
+def _corpus_spec(corpus: str, seed: int) -> tuple[list[str], list[str], int]:
+    """(training documents, added tag tokens, total vocab size) of a tokenizer corpus."""
+    if corpus == "agents":
+        return build_corpus(seed), list(TAG_TOKENS), VOCAB_SIZE
+    if corpus == "search_qa":
+        from ragen_turn.envs.search_qa.kb import tokenizer_corpus
+
+        rng = random.Random(seed)
+        docs = tokenizer_corpus()
+        chat = ["You are a helpful agent.", "Turn 1:", "State:", "You have 3 turns left.", "Reward: 0.00",
+                "Invalid response: no <search> ... </search> or <answer> ... </answer> found.",
+                "<think>I need to look this up.</think>", "<think>I know the answer now.</think>"]
+        docs += [" ".join(rng.sample(chat, 4)) for _ in range(200)]
+        return docs, TAG_TOKENS + SEARCH_TAG_TOKENS, 2048
+    raise ValueError(f"tiny model: tokenizer_corpus must be one of {list(TOKENIZER_CORPORA)}, got {corpus!r}")
+
+
+def build_tokenizer_object(seed: int = 0, corpus: str = "agents"):
+    """Train and return a `tokenizers.Tokenizer` on `corpus` (deterministic)."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
     def bpe(vocab=None, merges=None):
@@ -305,14 +333,14 @@ def build_tokenizer_object(seed: int = 0):
         tok.decoder = decoders.ByteLevel()
         return tok
 
-    n_merges_target = VOCAB_SIZE - 256 - len(SPECIAL_TOKENS) - len(TAG_TOKENS)
+    docs, tags, vocab_size = _corpus_spec(corpus, seed)
+    n_merges_target = vocab_size - 256 - len(SPECIAL_TOKENS) - len(tags)
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE + 200, min_frequency=2, special_tokens=SPECIAL_TOKENS, show_progress=False,
+        vocab_size=vocab_size + 200, min_frequency=2, special_tokens=SPECIAL_TOKENS, show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok = fresh(bpe())
     # the tags are kept out of the BPE (they are added tokens); strip them from the training text
-    docs = build_corpus(seed)
-    for t in TAG_TOKENS:
+    for t in tags:
         docs = [d.replace(t, "\n") for d in docs]
     tok.train_from_iterator(docs, trainer=trainer, length=len(docs))
 
@@ -335,20 +363,22 @@ def build_tokenizer_object(seed: int = 0):
             new_vocab[t] = len(new_vocab)
     tok = fresh(bpe(new_vocab, kept))
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
-    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TAG_TOKENS])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in tags])
 
     # the promises in the module docstring
-    for text in ACTION_WORDS + [" " + w for w in ACTION_WORDS] + [ACTION_SEP, " " + ACTION_SEP, "√"] + TAG_TOKENS:
+    singles = ACTION_WORDS + [" " + w for w in ACTION_WORDS] + [ACTION_SEP, " " + ACTION_SEP, "√"] \
+        if corpus == "agents" else []
+    for text in singles + tags:
         assert len(tok.encode(text).ids) == 1, f"tiny tokenizer: {text!r} is not a single token"
     return tok
 
 
-def build_tokenizer(seed: int = 0):
+def build_tokenizer(seed: int = 0, corpus: str = "agents"):
     """The `tiny` tokenizer as a `transformers.PreTrainedTokenizerFast` (ChatML template, left padding)."""
     from transformers import PreTrainedTokenizerFast
 
     return PreTrainedTokenizerFast(
-        tokenizer_object=build_tokenizer_object(seed),
+        tokenizer_object=build_tokenizer_object(seed, corpus),
         eos_token=IM_END, pad_token=PAD_TOKEN, bos_token=None, unk_token=None,
         padding_side="left", truncation_side="left", model_max_length=2048,
         clean_up_tokenization_spaces=False, chat_template=CHAT_TEMPLATE)
@@ -367,6 +397,10 @@ def tiny_config(model_cfg: Mapping[str, Any] | None = None) -> dict[str, Any]:
               "intermediate_size", "max_position_embeddings", "seed"):
         cfg[k] = int(cfg[k])
     cfg["tie_word_embeddings"] = bool(cfg["tie_word_embeddings"])
+    cfg["tokenizer_corpus"] = str(cfg["tokenizer_corpus"])
+    if cfg["tokenizer_corpus"] not in TOKENIZER_CORPORA:
+        raise ValueError(f"tiny model: tokenizer_corpus must be one of {list(TOKENIZER_CORPORA)}, "
+                         f"got {cfg['tokenizer_corpus']!r}")
     cfg["rope_theta"] = float(cfg["rope_theta"])
     cfg["arch"] = str(cfg["arch"]).lower()
     if cfg["arch"] not in ("qwen2", "llama"):
@@ -375,6 +409,9 @@ def tiny_config(model_cfg: Mapping[str, Any] | None = None) -> dict[str, Any]:
 
 
 def config_hash(cfg: Mapping[str, Any]) -> str:
+    cfg = dict(cfg)
+    if cfg.get("tokenizer_corpus", "agents") == "agents":  # the default keeps the hash it had before the key existed
+        cfg.pop("tokenizer_corpus", None)
     blob = json.dumps({**cfg, "tokenizer_version": TOKENIZER_VERSION, "vocab_size": VOCAB_SIZE}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 

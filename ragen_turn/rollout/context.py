@@ -57,13 +57,21 @@ def answer_format(cfg: ContextConfig) -> str:
     return "<answer> [your answer] </answer>"
 
 
-def system_prompt(env_instruction: str, cfg: ContextConfig) -> str:
+def system_prompt(env_instruction: str, cfg: ContextConfig, raw: bool = False) -> str:
+    """The system message. ``raw``: the env reads the whole response (its instruction gives the format)."""
     rules = env_instruction.strip() + "\n" if cfg.include_env_instruction and env_instruction else ""
+    if raw:
+        return ("You are a helpful agent. " + rules).strip()
     return (
         "You are a helpful agent. " + rules +
         f"Give up to {cfg.max_actions_per_turn} actions per turn, separated by {cfg.action_sep}. "
         f"Always answer in the format: {answer_format(cfg)}"
     )
+
+
+def takes_raw_response(env: Any) -> bool:
+    """True for envs that parse the whole response themselves (``response_format = "raw"``, e.g. search_qa)."""
+    return getattr(env, "response_format", "answer") == "raw"
 
 
 def user_message(obs: str, turn: int, cfg: ContextConfig, reward: Optional[float] = None,

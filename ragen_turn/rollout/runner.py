@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence
 
-from .context import ChatFormatter, ContextConfig, parse_response, system_prompt, user_message
+from .context import ChatFormatter, ContextConfig, parse_response, system_prompt, takes_raw_response, user_message
 from .env_manager import EnvSlot
 from .trajectory import Episode
 
@@ -70,7 +70,8 @@ def _play(slots: Sequence[EnvSlot], policy: Policy, formatter: ChatFormatter, cf
     live: List[_Live] = []
     for slot in slots:
         obs = slot.env.reset(seed=slot.seed)
-        ids = formatter.first_prompt(system_prompt(slot.instruction, cfg), user_message(str(obs), 0, cfg))
+        ids = formatter.first_prompt(system_prompt(slot.instruction, cfg, takes_raw_response(slot.env)),
+                                     user_message(str(obs), 0, cfg))
         if len(ids) + cfg.response_length > cfg.max_context_tokens:
             raise ValueError(f"the first prompt ({len(ids)} tokens) plus one response "
                              f"(actor_rollout_ref.rollout.response_length={cfg.response_length}) does not fit "
@@ -132,9 +133,16 @@ def _step_env(s: _Live, text: str, cfg: ContextConfig) -> tuple[float, str]:
     """RAGEN's env-state manager step: parse the response, map action names to the env's ids (when it
     declares them), drop the names it does not know, step the env with the rest (within the episode's
     action budget). One ``format_penalty`` per turn when the answer is missing or any action was
-    dropped. Returns (turn reward, feedback text)."""
-    actions, ok = parse_response(text, cfg)
-    ids = env_action_ids(s.slot.env)
+    dropped. Returns (turn reward, feedback text).
+
+    An env that takes the raw response (search_qa) gets the whole text as its one action and scores the
+    format itself (a response it calls invalid counts as a format error)."""
+    raw = takes_raw_response(s.slot.env)
+    if raw:
+        actions, ok = [text], True
+    else:
+        actions, ok = parse_response(text, cfg)
+    ids = None if raw else env_action_ids(s.slot.env)
     valid = actions if ids is None else [ids[a.lower()] for a in actions if a.lower() in ids]
     dropped = len(actions) - len(valid)
     reward = 0.0
@@ -157,12 +165,15 @@ def _step_env(s: _Live, text: str, cfg: ContextConfig) -> tuple[float, str]:
         s.ep.num_valid_actions += int(is_valid)
         invalid += int(not is_valid)
         s.ep.num_effective_actions += int(bool(info.get("action_is_effective", True)))
+        if not is_valid and raw:
+            s.ep.format_errors += 1
+        s.ep.metrics.update(info.get("episode_metrics") or {})
         if info.get("success"):
             s.ep.success = True
         if done:
             s.done = True
             break
-    if invalid and not feedback:
+    if invalid and not feedback and not raw:  # a raw env's observation already says what was wrong
         feedback = f"{invalid} invalid action(s)."
     return reward, feedback
 

@@ -31,6 +31,7 @@ class Episode:
     format_errors: int = 0
     truncated: bool = False  # cut (context window, turn limit or action budget) before the env said done
     texts: List[str] = field(default_factory=list)  # the decoded responses, for logs
+    metrics: Dict[str, float] = field(default_factory=dict)  # env-specific episode numbers (info["episode_metrics"])
 
     @property
     def num_turns(self) -> int:

@@ -51,7 +51,7 @@ class LocalSampler:
     """
 
     def __init__(self, model: Any, tokenizer: Any, temperature: float = 1.0, top_p: float = 1.0,
-                 stop_strings: Sequence[str] = ("</answer>",), device: str | torch.device = "cpu",
+                 stop_strings: Sequence[str] = ("</answer>", "</search>"), device: str | torch.device = "cpu",
                  generator: Optional[torch.Generator] = None, micro_batch_size: int = 0,
                  prefix_cache: bool = False):
         if temperature < 0:
