@@ -304,6 +304,7 @@ class WarmstartConfig:
     batch_size: int = key(**COUNT)
     lr: float = key(**POSITIVE)
     actions_per_turn: List[int] = key(nonempty=True, each=Rule(ge=1))
+    think: str = key("plan", choices=("plan", "state_plan"))  # the <think> of demonstrations (agent_proxy.enable_think)
     fit_turn_budget: bool = key(False)  # each answer gives at least ceil(solution left / turns left) actions
 
 

@@ -35,7 +35,11 @@ MODEL_DIR = ROOT / "config"  # an existing directory standing in for a checkpoin
 def _group_overrides(group: str, name: str) -> list:
     """The command line that picks config file ``group/name`` (plus what it needs: a model path)."""
     extra = [f"model.path={MODEL_DIR}"]
-    if group in ("paper", "sweep"):
+    if group == "paper" and name.startswith("stppo"):  # the user's data paths: the shipped search-QA files
+        data = ROOT / "envs" / "search_qa" / "data"
+        extra += [f"paper_data.corpus_path={data / 'corpus.jsonl.gz'}", f"paper_data.train_path={data / 'train.jsonl.gz'}",
+                  f"paper_data.val_path={data / 'val.jsonl.gz'}"]
+    if group in ("paper", "sweep", "setting"):
         return [f"+{group}={name}", *extra]
     if group == "sweep/batch_shape":
         return ["+sweep=batch_design", f"+sweep/batch_shape={name}", *extra]

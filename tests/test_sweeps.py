@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 MODEL_DIR = ROOT / "config"  # an existing directory standing in for model.path (configs are only composed here)
 SWEEPS = {  # name -> (overrides as documented in the sweep file, jobs)
     "algos": (["env=sokoban", "+sweep=algos"], 24),
+    "compare": (["env=sokoban", "+setting=long_horizon", "+sweep=compare"], 30),
     "gamma_lambda": (["env=sokoban", "algo=turn_ppo", "+sweep=gamma_lambda"], 48),
     "batch_design": (["env=sokoban", "algo=turn_ppo", "+sweep=batch_design"], 48),
     "critic_lr": (["env=sokoban", "algo=turn_ppo", "+sweep=critic_lr"], 12),
@@ -28,8 +29,9 @@ SWEEPS = {  # name -> (overrides as documented in the sweep file, jobs)
 PAPERS = ["turnppo_webshop_qwen2.5-3b", "turnppo_webshop_qwen3-1.7b", "turnppo_webshop_qwen3-1.7b-think",
           "turnppo_sokoban_qwen2.5-3b", "turnppo_sokoban_qwen2.5-7b"]
 STPPO_PAPERS = ["stppo_search_qa_qwen2.5-7b", "stppo_search_qa_qwen2.5-1.5b", "stppo_medqa_qwen2.5-7b"]
-STPPO_DATA = ["paper_data.corpus_path=/data/wiki-18.jsonl", "paper_data.train_path=/data/train.parquet",
-              "paper_data.val_path=/data/test.parquet"]
+SQA_DATA = ROOT / "envs" / "search_qa" / "data"  # stand-ins for the user's files (the schema checks they exist)
+STPPO_DATA = [f"paper_data.corpus_path={SQA_DATA / 'corpus.jsonl.gz'}", f"paper_data.train_path={SQA_DATA / 'train.jsonl.gz'}",
+              f"paper_data.val_path={SQA_DATA / 'val.jsonl.gz'}"]
 ALGOS = ["grpo", "token_ppo", "bi_level_gae", "turn_ppo", "turn_ppo_geo", "turn_is", "s_ppo", "st_ppo"]
 
 
@@ -87,7 +89,8 @@ def test_sweep_expands_to_distinct_valid_jobs(name):
     jobs = _jobs(*overrides)
     assert len(jobs) == n_jobs
     assert len({tuple(sorted(j)) for j in jobs}) == n_jobs
-    assert sorted({j for job in jobs for j in job if j.startswith("seed=")}) == ["seed=0", "seed=1", "seed=2"]
+    seeds = 5 if name == "compare" else 3  # the comparison of docs/results: 5 seeds per algorithm
+    assert sorted({j for job in jobs for j in job if j.startswith("seed=")}) == [f"seed={i}" for i in range(seeds)]
     cfgs = _compose_jobs(jobs)
     dirs = set()
     for cfg in cfgs:
@@ -95,7 +98,8 @@ def test_sweep_expands_to_distinct_valid_jobs(name):
         cfg.device = "cpu"
         validate_config(cfg)
         d = str(cfg.trainer.default_local_dir)
-        assert d.startswith(f"runs/sweep_{name}/") and d.endswith(f"_s{cfg.seed}"), d
+        prefix = "runs/compare/" if name == "compare" else f"runs/sweep_{name}/"
+        assert d.startswith(prefix) and d.endswith(f"_s{cfg.seed}"), d
         dirs.add(d)
     assert len(dirs) == n_jobs
     # one job composed by Hydra from scratch is the same config
@@ -196,7 +200,7 @@ def test_paper_config_has_the_spec_values(name):
 
 @pytest.mark.parametrize("name", STPPO_PAPERS)
 def test_stppo_paper_config_has_the_spec_values(name):
-    from ragen_turn.engines.local.trainer import validate_config
+    from ragen_turn.config import validate_config
 
     cfg = _paper(name, *STPPO_DATA)
     a, sq = cfg.actor_rollout_ref.actor, cfg.custom_envs.SearchQA.env_config
@@ -206,19 +210,20 @@ def test_stppo_paper_config_has_the_spec_values(name):
     assert (cfg.algorithm.gamma, cfg.algorithm.lam) == (1.0, 1.0)
     assert (a.optim.lr, cfg.critic.optim.lr, a.kl_loss_coef) == (1e-6, 1e-5, 0.001)      # Search-R1's defaults
     assert cfg.actor_rollout_ref.rollout.response_length == 500 and cfg.agent_proxy.max_turn == 5
-    assert (sq.topk, sq.max_searches, sq.corpus_path) == (3, 4, "/data/wiki-18.jsonl")
-    assert cfg.custom_envs.SearchQAVal.env_config.corpus_path == "/data/wiki-18.jsonl"
-    assert (sq.qa_path, cfg.custom_envs.SearchQAVal.env_config.qa_path) == ("/data/train.parquet", "/data/test.parquet")
+    assert (sq.topk, sq.max_searches, sq.corpus_path) == (3, 4, str(SQA_DATA / "corpus.jsonl.gz"))
+    assert cfg.custom_envs.SearchQAVal.env_config.corpus_path == str(SQA_DATA / "corpus.jsonl.gz")
+    assert (sq.qa_path, cfg.custom_envs.SearchQAVal.env_config.qa_path) == (str(SQA_DATA / "train.jsonl.gz"),
+                                                                          str(SQA_DATA / "val.jsonl.gz"))
     assert cfg.custom_envs.SearchQAVal.env_config.max_turns == 5
     assert sq.qa_format == ("mcqa" if "medqa" in name else "auto")
     assert cfg.model.name == ("qwen2.5-1.5b" if "1.5b" in name else "qwen2.5-7b") and cfg.dtype == "bfloat16"
     cfg.device = "cpu"
     validate_config(cfg)
     kept, bm = cfg.es_manager.train.env_groups * cfg.es_manager.train.group_size, cfg.ppo_mini_batch_size
-    assert kept % bm == 0 and bm % (cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes) == 0
+    assert kept % bm == 0 and bm % (cfg.trainer.n_gpus_per_node * (cfg.trainer.nnodes or 1)) == 0
     no_corpus = compose_config([f"+paper={name}", "model.path=/m", *STPPO_DATA[1:]])
     no_corpus.device = "cpu"
-    with pytest.raises(ValueError, match=r"missing required value\(s\): .*paper_data\.corpus_path"):
+    with pytest.raises(ValueError, match=r"paper_data\.corpus_path is required"):
         validate_config(no_corpus)  # the data paths must be given, before any work
 
 
