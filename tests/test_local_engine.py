@@ -329,7 +329,6 @@ def test_time_budget_ends_the_run_with_an_evaluated_checkpoint(tmp_path):
     (["actor_rollout_ref.actor.policy_loss.clip_bias_stat=max"], "actor_rollout_ref.actor.policy_loss.clip_bias_stat"),
     (["actor_rollout_ref.actor.policy_loss.clip_bias_threshold=0.5"], "policy_loss.clip_bias_threshold"),
     (["algo=grpo", "algorithm.bootstrap_truncated=true"], "algorithm.bootstrap_truncated"),
-    (["algorithm.bootstrap_truncated=yes"], "algorithm.bootstrap_truncated"),
 ])
 def test_bad_config_fails_before_work_naming_the_key(override, key, tmp_path):
     cfg = micro_config(override, run_dir=tmp_path)

@@ -104,7 +104,7 @@ def test_state_plan_think_restates_the_grid_and_plans_ahead():
     from ragen_turn.warmstart import warmstart_enabled
 
     with __import__("pytest").raises(ValueError, match="model.warmstart.think"):
-        warmstart_enabled(micro_config(["+model.warmstart.think=free"]))
+        warmstart_enabled(micro_config(["model.warmstart.think=free"]))
 
 
 def test_build_makes_the_warm_start_once(tmp_path, monkeypatch):
