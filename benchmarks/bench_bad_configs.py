@@ -18,11 +18,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from bad_configs import CASES  # noqa: E402
+from bad_configs import CASES, VERL_CASES  # noqa: E402
 
 HOLD = ("import sys, time\nfrom ragen_turn.engines.rundir import lock_run_dir\n"
         "lock_run_dir(sys.argv[1]); print('locked', flush=True); time.sleep(600)\n")
@@ -40,10 +41,12 @@ def message(stderr: str) -> str:
     return " / ".join(keep[:3])
 
 
-def run_case(overrides, tmp: Path, python: str):
+def run_case(overrides, tmp: Path, python: Optional[str]):
     run_dir = tmp / "run"
     cache = tmp / "cache"
-    env = {**os.environ, "RAGEN_TURN_CACHE_DIR": str(cache), "PYTHON": python}
+    env = {**os.environ, "RAGEN_TURN_CACHE_DIR": str(cache)}
+    if python:  # else train.sh picks it (.venv, or .venv-verl for engine=verl)
+        env["PYTHON"] = python
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t = time.perf_counter()
     p = subprocess.run(["bash", "train.sh", "sokoban", "turn_ppo", f"trainer.default_local_dir={run_dir}",
@@ -59,18 +62,18 @@ def run_case(overrides, tmp: Path, python: str):
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", help="also write the table to this markdown file")
-    ap.add_argument("--python", default=str(ROOT / ".venv" / "bin" / "python"))
+    ap.add_argument("--python", help="the Python train.sh runs (default: train.sh's choice)")
     args = ap.parse_args()
     rows = []
     print(f"load average before: {os.getloadavg()}", file=sys.stderr)
-    for overrides, key in CASES:
+    for overrides, key in CASES + VERL_CASES:
         with tempfile.TemporaryDirectory(prefix="bad_config_") as d:
             code, wall, cpu, left, msg = run_case(overrides, Path(d), args.python)
         rows.append((" ".join(overrides), code, wall, cpu, left, msg, key in msg))
         print(f"{rows[-1][0]}: exit {code} in {wall:.1f} s", file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="bad_config_") as d:  # a live run holds the dir
         run_dir = Path(d) / "run"
-        holder = subprocess.Popen([args.python, "-c", HOLD, str(run_dir)], stdout=subprocess.PIPE, text=True,
+        holder = subprocess.Popen([args.python or sys.executable, "-c", HOLD, str(run_dir)], stdout=subprocess.PIPE, text=True,
                                   cwd=ROOT)
         holder.stdout.readline()
         code, wall, cpu, left, msg = run_case(["trainer.resume=true"], Path(d), args.python)

@@ -2,7 +2,8 @@
 
 Used by tests/test_config_schema.py (every case, through the train command's own Hydra app) and by
 benchmarks/bench_bad_configs.py (every case through the real command line, timed: the table in
-docs/reliability.md). Issue #18's cases come first, in its order.
+docs/reliability.md). Issue #18's cases come first, in its order. ``VERL_CASES`` need verl installed
+(tests/test_verl.py runs them; the benchmark through train.sh, which picks .venv-verl).
 """
 
 # (overrides, text the error must contain: the key, or what names the problem)
@@ -64,4 +65,37 @@ CASES = [
     (["algo=grpo", "es_manager.train.group_size=1", "ppo_mini_batch_size=16"], "es_manager.train.group_size"),
     (["trainer.resume=true", "trainer.resume_from=step_000009"], "trainer.resume_from"),
     (["seed.val=5"], "seed.val"),
+    # keys merged after the schema: algorithm wiring, validation seeds, warm start, search QA, the papers' data
+    (["actor_rollout_ref.actor.clip_ratio_c=0.5"], "actor_rollout_ref.actor.clip_ratio_c"),
+    (["actor_rollout_ref.actor.policy_loss.clip_bias_stat=foo"], "actor_rollout_ref.actor.policy_loss.clip_bias_stat"),
+    (["actor_rollout_ref.actor.policy_loss.clip_bias_threshold=-1"],
+     "actor_rollout_ref.actor.policy_loss.clip_bias_threshold"),
+    (["actor_rollout_ref.actor.max_update_kl=0"], "actor_rollout_ref.actor.max_update_kl"),
+    (["algo=grpo", "algorithm.bootstrap_truncated=true"], "algorithm.bootstrap_truncated"),
+    (["algorithm.bi_level_gae_turn_ends=foo"], "algorithm.bi_level_gae_turn_ends"),
+    (["trainer.collapse_num_samples=1"], "trainer.collapse_num_samples"),
+    (["es_manager.val.seeds=foo"], "es_manager.val.seeds"),
+    (["model.warmstart.think=foo"], "model.warmstart.think"),
+    (["model.warmstart.actions_per_turn=[0]"], "model.warmstart.actions_per_turn"),
+    (["model.warmstart.fit_turn_budget=maybe"], "model.warmstart.fit_turn_budget"),
+    (["+setting=nope"], "setting/nope"),
+    (["env=search_qa", "custom_envs.SearchQA.env_config.topk=0"], "custom_envs.SearchQA.env_config"),
+    (["env=search_qa", "custom_envs.SearchQA.env_config.corpus_path=/nonexistent/wiki-18.jsonl"],
+     "custom_envs.SearchQA.env_config"),
+    (["env=search_qa", "custom_envs.SearchQAVal.env_config.qa_path=/nonexistent/test.parquet"],
+     "custom_envs.SearchQAVal.env_config"),
+    (["+paper=stppo_search_qa_qwen2.5-1.5b", "model.path=.", "paper_data.corpus_path=/nonexistent/wiki-18.jsonl",
+      "paper_data.train_path=/nonexistent/train.parquet", "paper_data.val_path=/nonexistent/test.parquet"],
+     "paper_data.corpus_path"),
+]
+
+# engine=verl: its own rules run in the same check (verl must be installed: train.sh picks .venv-verl)
+VERL_CASES = [
+    (["engine=verl", "actor_rollout_ref.actor.policy_loss.clip_bias=true",
+      "actor_rollout_ref.actor.policy_loss.clip_bias_level=batch", "micro_batch_size_per_gpu=2"],
+     "actor_rollout_ref.actor.policy_loss.clip_bias_level"),
+    (["engine=verl", "micro_batch_size_per_gpu=3"], "micro_batch_size_per_gpu"),
+    (["engine=verl", "engine.verl.device=tpu"], "engine.verl.device"),
+    (["engine=verl", "trainer.time_budget_s=60"], "trainer.time_budget_s"),          # local-engine keys: said before
+    (["engine=verl", "algorithm.bootstrap_truncated=true"], "algorithm.bootstrap_truncated"),  # the warm start too
 ]

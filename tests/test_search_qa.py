@@ -466,6 +466,9 @@ def test_config_checks_name_the_key():
                      ({"corpus_path": ""}, "corpus_path"), ({"bm25_b": 2.0}, "bm25_b"), ({"nope": 1}, "nope")):
         with pytest.raises(ValueError, match=key):
             SearchQAEnvConfig.from_dict(bad)
+    for name, what in (("corpus_path", "corpus file"), ("qa_path", "question file")):  # said before any data loads
+        with pytest.raises(SearchQADataError, match=f"{what} not found at '/nonexistent/x.jsonl'.*{name}="):
+            SearchQAEnvConfig.from_dict({name: "/nonexistent/x.jsonl"})
     cfg = SearchQAEnvConfig(max_searches=2)
     assert cfg.max_turns == 3 and SearchQAEnvConfig(split="dev").split == "val"
     assert REGISTERED_ENVS["search_qa"] is SearchQAEnv

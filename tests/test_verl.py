@@ -15,6 +15,7 @@ import sys
 import pytest
 import torch
 
+from bad_configs import VERL_CASES
 from helpers import micro_config
 
 HAVE_VERL = importlib.util.find_spec("verl") is not None
@@ -406,6 +407,20 @@ def test_config_mapping_errors_name_the_key(model_dir):
         verl_cfg(model_dir, "algo=turn_ppo", "algorithm.bootstrap_truncated=true")
     with pytest.raises(ValueError, match="clip_bias_level=batch"):  # verl cannot gather the statistic first
         verl_cfg(model_dir, "algo=st_ppo", "actor_rollout_ref.actor.policy_loss.clip_bias_level=batch")
+
+
+@needs_verl
+@pytest.mark.parametrize("overrides,key", VERL_CASES, ids=[" ".join(o) for o, _ in VERL_CASES])
+def test_bad_verl_command_line_exits_2_naming_the_key_before_any_work(tmp_path, overrides, key):
+    """The command line a user types (tests/bad_configs.py): exit 2 naming the key, no run dir, no model cache
+    (nothing was built or warm-started), and no Ray started."""
+    run_dir, cache = tmp_path / "run", tmp_path / "cache"
+    p = subprocess.run([sys.executable, "-m", "ragen_turn.train", "env=sokoban", "algo=turn_ppo",
+                        f"trainer.default_local_dir={run_dir}", *overrides], cwd=REPO, capture_output=True, text=True,
+                       timeout=300, env={**os.environ, "RAGEN_TURN_CACHE_DIR": str(cache)})
+    assert p.returncode == 2, p.stderr
+    assert key in p.stderr and "[warmstart]" not in p.stdout + p.stderr and "ray" not in p.stdout.lower()
+    assert not run_dir.exists() and not cache.exists()
 
 
 @needs_verl

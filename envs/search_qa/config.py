@@ -6,9 +6,10 @@ from dataclasses import dataclass, fields
 from typing import Any, Mapping, Optional
 
 from ..base import normalize_split as _normalize_split
-from .data import QA_FORMATS
+from .data import CORPUS_HINT, QA_FORMATS, QA_HINT, require_file
 
 SPLITS = ("train", "val", "test")
+FILE_OF = {"corpus_path": ("corpus file", CORPUS_HINT), "qa_path": ("question file", QA_HINT)}
 
 #: the synthetic knowledge base and questions shipped with the package (scripts/make_search_qa_data.py)
 SHIPPED_DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
@@ -75,7 +76,8 @@ class SearchQAEnvConfig:
             if v is not None:
                 if not isinstance(v, (str, os.PathLike)) or not str(v).strip():
                     raise ValueError(f"search_qa: {name} must be a non-empty path or null, got {v!r}")
-                setattr(self, name, os.path.expanduser(str(v)))
+                # a missing file is said here, before any work (the data loads with the env)
+                setattr(self, name, require_file(v, *FILE_OF[name]))
         if self.qa_format not in QA_FORMATS:
             raise ValueError(f"search_qa: qa_format must be one of {list(QA_FORMATS)}, got {self.qa_format!r}")
         for name in ("topk", "max_searches", "max_query_chars"):

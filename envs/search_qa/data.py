@@ -78,7 +78,7 @@ def _open_text(path: str):
     return open(path, "r", encoding="utf-8")
 
 
-def _require_file(path: str, what: str, hint: str) -> str:
+def require_file(path: str, what: str, hint: str) -> str:
     path = os.path.expanduser(str(path))
     if not os.path.isfile(path):
         raise SearchQADataError(f"search_qa: {what} not found at {path!r}. {hint}")
@@ -115,7 +115,7 @@ class Corpus:
     """Passages of a JSONL corpus: ``len``, ``passage(i)``, ``ids``, ``index_of(pid)``, ``iter_passages()``."""
 
     def __init__(self, path: str, lazy: Optional[bool] = None, max_passages: Optional[int] = None):
-        self.path = _require_file(path, "corpus file", CORPUS_HINT)
+        self.path = require_file(path, "corpus file", CORPUS_HINT)
         st = os.stat(self.path)
         self.key = (os.path.abspath(self.path), st.st_size, int(st.st_mtime), max_passages)
         gz = self.path.endswith(".gz")
@@ -292,7 +292,7 @@ def load_questions(path: str, qa_format: str = "auto", max_items: Optional[int] 
     """Stream a question file into :class:`QAItem` records (the first ``max_items`` when given)."""
     if qa_format not in QA_FORMATS:
         raise SearchQADataError(f"search_qa: qa_format must be one of {list(QA_FORMATS)}, got {qa_format!r}")
-    path = _require_file(path, "question file", QA_HINT)
+    path = require_file(path, "question file", QA_HINT)
     items: List[QAItem] = []
     for n, rec in enumerate(_iter_records(path, max_items)):
         where = f"{path} (record {n + 1})"

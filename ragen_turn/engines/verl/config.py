@@ -138,6 +138,14 @@ def check_ragen_config(cfg: DictConfig) -> Placement:
     """
     validate_config(_without_device(cfg))
     p = resolve_placement(cfg)
+    # keys only the local engine has: said before the warm start and Ray (not when mapping onto verl's)
+    if cfg.critic.level != "none" and cfg.critic.get("shared_backbone", False):
+        raise ValueError("critic.shared_backbone=true runs on engine=local only: verl trains a separate critic model")
+    if cfg.algorithm.get("bootstrap_truncated", False):
+        raise ValueError("algorithm.bootstrap_truncated=true runs on engine=local only: verl's critic returns the values "
+                         "before each response token and drops the one after the last token, which the bootstrap reads")
+    if cfg.trainer.get("time_budget_s") is not None:
+        raise ValueError("trainer.time_budget_s runs on engine=local only: on verl, set trainer.total_training_steps")
     v = cfg.engine.verl
     kept = kept_batch_size(cfg)
     bm = int(cfg.ppo_mini_batch_size)
@@ -217,13 +225,6 @@ def ray_resources(p: Placement, num_cpus: Optional[int] = None) -> Dict[str, Any
 def to_verl_config(cfg: DictConfig, model_path: Optional[str] = None) -> DictConfig:
     """Map our resolved config onto verl's. ``model_path`` defaults to ``model.path`` / ``model_path``."""
     p = check_ragen_config(cfg)
-    if cfg.critic.level != "none" and cfg.critic.get("shared_backbone", False):
-        raise ValueError("critic.shared_backbone=true runs on engine=local only: verl trains a separate critic model")
-    if cfg.algorithm.get("bootstrap_truncated", False):
-        raise ValueError("algorithm.bootstrap_truncated=true runs on engine=local only: verl's critic returns the values "
-                         "before each response token and drops the one after the last token, which the bootstrap reads")
-    if cfg.trainer.get("time_budget_s") is not None:
-        raise ValueError("trainer.time_budget_s runs on engine=local only: on verl, set trainer.total_training_steps")
     v = cfg.engine.verl
     ar = cfg.actor_rollout_ref
     a, r = ar.actor, ar.rollout
