@@ -1,8 +1,10 @@
 """Shared test helpers: a micro config and the tiny tokenizer."""
 from __future__ import annotations
 
+import atexit
 import functools
 import os
+import shutil
 import tempfile
 
 from ragen_turn.train import compose_config
@@ -13,6 +15,18 @@ MICRO_MODEL = ["model.hidden_size=32", "model.num_hidden_layers=1", "model.num_a
 
 # RAGEN_TURN_TEST_DEVICE=cuda runs the engine tests on a GPU (CI has none: cpu)
 TEST_DEVICE = os.environ.get("RAGEN_TURN_TEST_DEVICE", "cpu")
+
+
+_RUN_ROOT = []  # one directory per process for the run dirs micro_config makes; removed when the process ends
+
+
+def new_run_dir() -> str:
+    """A fresh run directory for a test that names none; all of them go when the test process ends (tests used
+    to leave one ``/tmp/ragen_turn_test_run_*`` per call)."""
+    if not _RUN_ROOT:
+        _RUN_ROOT.append(tempfile.mkdtemp(prefix="ragen_turn_test_runs_"))
+        atexit.register(shutil.rmtree, _RUN_ROOT[0], ignore_errors=True)
+    return tempfile.mkdtemp(prefix="run_", dir=_RUN_ROOT[0])
 
 
 def micro_config(overrides=(), run_dir=None):
@@ -26,7 +40,7 @@ def micro_config(overrides=(), run_dir=None):
         f"device={TEST_DEVICE}",
     ]
     if run_dir is None:  # never the repo's runs/: a trainer built here writes config.yaml and resets metrics.jsonl
-        run_dir = tempfile.mkdtemp(prefix="ragen_turn_test_run_")
+        run_dir = new_run_dir()
     base.append(f"trainer.default_local_dir={run_dir}")
     return compose_config(base + list(overrides))
 

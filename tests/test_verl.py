@@ -11,6 +11,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+import tempfile
 
 import pytest
 import torch
@@ -421,6 +422,25 @@ def test_bad_verl_command_line_exits_2_naming_the_key_before_any_work(tmp_path, 
     assert p.returncode == 2, p.stderr
     assert key in p.stderr and "[warmstart]" not in p.stdout + p.stderr and "ray" not in p.stdout.lower()
     assert not run_dir.exists() and not cache.exists()
+
+
+@needs_verl
+def test_a_run_gives_its_ray_workers_a_private_tmpdir_that_holds_verls_checkpoint_locks(model_dir):
+    """verl's local_mkdir_safe leaves ckpt_<hash>.lock in the process's temp dir for each checkpoint dir: a worker
+    with the run's TMPDIR leaves it there, and the directory goes when the run ends."""
+    from ragen_turn.engines.verl import private_tmpdir
+
+    _, vcfg = verl_cfg(model_dir)
+    code = "import sys; from verl.utils.fs import local_mkdir_safe; local_mkdir_safe(sys.argv[1])"
+    with private_tmpdir(vcfg) as tmp:
+        env = vcfg.ray_kwargs.ray_init.runtime_env.env_vars
+        assert env.TMPDIR == tmp and os.path.isdir(tmp) and env.VERL_PLATFORM == "cpu"
+        inductor = env.get("TORCHINDUCTOR_CACHE_DIR") or os.environ["TORCHINDUCTOR_CACHE_DIR"]  # the workers inherit ours
+        assert tmp not in inductor  # torch's compile cache is not thrown away with the run
+        ckpt = os.path.join(tmp, "run", "global_step_1", "actor")
+        subprocess.run([sys.executable, "-c", code, ckpt], check=True, env={**os.environ, "TMPDIR": tmp})
+        assert os.path.isdir(ckpt) and len([f for f in os.listdir(tmp) if f.startswith("ckpt_")]) == 1
+    assert not os.path.exists(tmp)
 
 
 @needs_verl
@@ -907,7 +927,7 @@ class FakePools:
 
 @needs_verl
 @pytest.mark.parametrize("algo", ["turn_ppo", "grpo"])
-def test_fit_with_fake_workers(model_dir, tmp_path, algo):
+def test_fit_with_fake_workers(model_dir, tmp_path, algo, monkeypatch):
     """train_step/fit end to end on CPU with fake worker groups in place of Ray/FSDP/vLLM: the batch keys,
     filtering, balancing, old log-probs, values, advantages, turn-critic batch, actor batch (with the
     mini-batch turn counts), checkpoints and metrics.jsonl all go through the real code."""
@@ -933,7 +953,11 @@ def test_fit_with_fake_workers(model_dir, tmp_path, algo):
     t.actor_rollout_wg = FakeActorWG(omega_conf_to_dataclass(vcfg.actor_rollout_ref.actor), dp=2)
     if t.use_critic:
         t.critic_wg = FakeCriticWG(omega_conf_to_dataclass(vcfg.critic))
+    tmp = tmp_path / "tmp"  # this process stands in for the task runner: its TMPDIR (see private_tmpdir)
+    tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
     last = t.fit()
+    assert len(list(tmp.glob("ckpt_*.lock"))) == 2  # verl's lock of each checkpoint's global_step dir
 
     lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines] == [0, 1, 2]

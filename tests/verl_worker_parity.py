@@ -283,16 +283,17 @@ def compare(v: dict, loc: dict) -> dict:
 def main(out: str, algos: list, micro: int = 4) -> None:
     from helpers import micro_config
 
-    root = Path(tempfile.mkdtemp(prefix="verl_parity_"))
-    path = model_dir(root)
     results = {}
-    for algo in algos:
-        vcfg_in = micro_config(["engine=verl", *overrides(algo, path, str(root / f"verl_{algo}"), micro)])
-        lcfg_in = micro_config(overrides(algo, path, str(root / f"local_{algo}"), micro))
-        v = run_verl(vcfg_in)
-        loc = run_local(lcfg_in, v, path)
-        results[algo] = compare(v, loc)
-        print(algo, json.dumps(results[algo]), flush=True)
+    with tempfile.TemporaryDirectory(prefix="verl_parity_") as d:  # the model and both runs: removed afterwards
+        root = Path(d)
+        path = model_dir(root)
+        for algo in algos:
+            vcfg_in = micro_config(["engine=verl", *overrides(algo, path, str(root / f"verl_{algo}"), micro)])
+            lcfg_in = micro_config(overrides(algo, path, str(root / f"local_{algo}"), micro))
+            v = run_verl(vcfg_in)
+            loc = run_local(lcfg_in, v, path)
+            results[algo] = compare(v, loc)
+            print(algo, json.dumps(results[algo]), flush=True)
     Path(out).write_text(json.dumps(results, indent=1))
 
 

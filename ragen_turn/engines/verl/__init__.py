@@ -14,8 +14,11 @@ verl's rollout registries), :mod:`.models` (the critic loader without flash-attn
 """
 from __future__ import annotations
 
+import contextlib
+import getpass
 import importlib.util
-from typing import Any, Dict
+import os
+from typing import Any, Dict, Iterator
 
 VERL_VERSION = "0.9.1"
 INSTALL_HINT = ("engine=verl needs verl {v}: pip install -e '.[verl]' (CPU: verl with the CPU torch) or "
@@ -84,6 +87,34 @@ def check_config(cfg: Any) -> None:
     check_ragen_config(cfg)
 
 
+@contextlib.contextmanager
+def private_tmpdir(vcfg: Any) -> Iterator[str]:
+    """A temporary directory of this run, the ``TMPDIR`` of every Ray worker (``ray_kwargs.ray_init.runtime_env``),
+    removed when the block ends.
+
+    verl's checkpoint code (``verl.utils.fs.local_mkdir_safe``) leaves an empty ``ckpt_<hash>.lock`` in
+    ``tempfile.gettempdir()`` for every checkpoint directory in every process that writes one (the task runner, each
+    actor and critic rank), and never deletes it: in ``/tmp``, a run left a few of these per checkpoint. Ray merges
+    the job's ``env_vars`` into every worker's. A short path under the system's temp directory (sockets made under
+    ``TMPDIR`` must stay short); torch's compile cache keeps its usual place so runs still share it.
+    """
+    import shutil
+    import tempfile
+
+    from omegaconf import open_dict
+
+    tmp = tempfile.mkdtemp(prefix="ragen_turn_verl_")
+    env = vcfg.ray_kwargs.ray_init.runtime_env.env_vars
+    with open_dict(env):
+        env["TMPDIR"] = tmp
+        if "TORCHINDUCTOR_CACHE_DIR" not in env and "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+            env["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}")
+    try:
+        yield tmp
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def launch(cfg: Any) -> Dict[str, float]:
     """Train with verl: take the run directory (its lock: one process per run dir), check and map the config,
     then ``run_ppo`` on a local Ray cluster it starts.
@@ -92,7 +123,6 @@ def launch(cfg: Any) -> Dict[str, float]:
     line of ``metrics.jsonl``.
     """
     import json
-    import os
     from pathlib import Path
 
     require_verl()
@@ -114,11 +144,12 @@ def launch(cfg: Any) -> Dict[str, float]:
     from .trainer import TaskRunner
 
     started = not ray.is_initialized()
-    try:
-        run_ppo(vcfg, task_runner_class=TaskRunner)
-    finally:
-        if started and ray.is_initialized():
-            ray.shutdown()
+    with private_tmpdir(vcfg):
+        try:
+            run_ppo(vcfg, task_runner_class=TaskRunner)
+        finally:
+            if started and ray.is_initialized():
+                ray.shutdown()
     metrics = Path(vcfg.ragen.trainer.default_local_dir) / "metrics.jsonl"
     lines = metrics.read_text().splitlines() if metrics.is_file() else []
     last = json.loads(lines[-1]) if lines else {}
@@ -129,5 +160,5 @@ def launch(cfg: Any) -> Dict[str, float]:
     return last
 
 
-__all__ = ["launch", "check_config", "build_verl_config", "model_path_for_verl", "require_verl", "VerlNotInstalled", "INSTALL_HINT",
+__all__ = ["launch", "check_config", "private_tmpdir", "build_verl_config", "model_path_for_verl", "require_verl", "VerlNotInstalled", "INSTALL_HINT",
            "VERL_VERSION"]
