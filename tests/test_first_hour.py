@@ -13,7 +13,7 @@ import pytest
 
 from ragen_turn.config import validate_config
 from ragen_turn.engines.local.trainer import build_trainer
-from ragen_turn.engines.rundir import clear_earlier_run, remove_if_unused
+from ragen_turn.engines.rundir import clear_earlier_run, remove_if_unused, take_run_dir
 from ragen_turn.train import compose_config
 
 from helpers import micro_config
@@ -66,6 +66,19 @@ def test_overwrite_deletes_the_old_run_and_keeps_hydras_files(tmp_path):
     clear_earlier_run(run, log=said.append)
     assert sorted(p.name for p in run.iterdir()) == ["hydra"] and "deleted the previous run" in said[0]
     assert remove_if_unused(run) and not run.exists()  # nothing of a run left: the directory goes too
+
+
+def test_take_run_dir_clears_an_earlier_run_on_overwrite_and_keeps_it_on_resume(tmp_path):
+    """What both engines' trainers call first (the verl launch kept an earlier run's files on overwrite before)."""
+    run = tmp_path / "run"
+    for extra, kept in ((["trainer.resume=true", "trainer.overwrite=true"], True), (["trainer.overwrite=true"], False)):
+        (run / "checkpoints" / "global_step_10").mkdir(parents=True, exist_ok=True)
+        (run / "metrics.jsonl").write_text('{"step": 0}\n')
+        said = []
+        lock = take_run_dir(micro_config(extra, run_dir=str(run)), log=said.append)
+        assert (run / "metrics.jsonl").exists() == kept and (run / "checkpoints").exists() == kept, extra
+        assert (run / "run.lock").exists() and any("deleted the previous run" in x for x in said) != kept
+        lock.release()
 
 
 def test_finished_run_ends_with_a_summary_and_a_resume_says_complete(tmp_path):

@@ -510,13 +510,13 @@ def test_eval_uses_the_runs_own_settings_plus_overrides(tmp_path):
     ckpt = run / "checkpoints" / (run / "checkpoints" / "latest").read_text().strip()
     assert run_config_path(str(run)) == run_config_path(str(ckpt / "actor")) == (run / "config.yaml").resolve()
     overrides = ["env=sokoban", "+checkpoint=" + str(run), "es_manager.val.env_groups=3",
-                 "actor_rollout_ref.rollout.val_temperature=0", "+eval_output=/tmp/x.json"]
+                 "actor_rollout_ref.rollout.val_temperature=0", f"+eval_output={tmp_path / 'x.json'}"]
     cli = compose_config(overrides)  # the default config: 5 turns, 64-token responses
     cfg = config_for_eval(cli, overrides)
     assert cfg.agent_proxy.max_turn == 1 and cfg.actor_rollout_ref.rollout.response_length == 6
     assert cfg.es_manager.val.env_groups == 3 and list(cfg.es_manager.val.env_configs.n_groups) == [3]
     assert cfg.actor_rollout_ref.rollout.val_temperature == 0 and cfg.model.hidden_size == 32
-    assert cfg.checkpoint == str(run) and cfg.eval_output == "/tmp/x.json"
+    assert cfg.checkpoint == str(run) and cfg.eval_output == str(tmp_path / "x.json")
     m = evaluate_checkpoint(cfg)
     assert m["episodes"] == 3 and m["val/turns"] == 1.0
     # without recorded overrides: the run's resolved config.yaml plus ours

@@ -11,7 +11,8 @@ a crash, and the disk-full error.
   the new, never an empty or torn file.
 - :func:`writing`: turns a failed write on a full disk into ``DiskFull("no space left on device while writing
   <path>")`` (torch's zip writer reports it as ``unexpected pos ...``, without the errno).
-- :func:`clear_earlier_run` (``trainer.overwrite=true``) deletes what an earlier run left; :func:`remove_if_unused`
+- :func:`clear_earlier_run` (``trainer.overwrite=true``) deletes what an earlier run left (:func:`take_run_dir`: the
+  check, then that, what both engines' trainers call first); :func:`remove_if_unused`
   deletes a run directory that a command refused before its first step left with nothing of a run in it.
 - :func:`crash_point`: a fault-injection hook for the kill-anywhere tests: ``RAGEN_TURN_CRASH_AT=N`` ends the
   process at the N-th crash point it passes (``os._exit``, or a real ``SIGKILL`` with ``N:sigkill``);
@@ -298,6 +299,15 @@ def clear_earlier_run(out_dir: PathLike, log: Callable[[str], None] = print) -> 
     if old:
         log(f"[ragen_turn] trainer.overwrite=true: deleted the previous run in {out_dir} "
             f"({', '.join(p.name for p in old)})")
+
+
+def take_run_dir(cfg, log: Callable[[str], None] = print) -> RunDirLock:
+    """What a trainer of either engine does first: :func:`check_run_dir` (the lock, held until the process ends),
+    then with ``trainer.overwrite=true`` (and no ``trainer.resume``) :func:`clear_earlier_run`. Returns the lock."""
+    lock = check_run_dir(cfg, log=log)
+    if not cfg.trainer.resume and cfg.trainer.get("overwrite", False):
+        clear_earlier_run(cfg.trainer.default_local_dir, log)
+    return lock
 
 
 def remove_if_unused(out_dir: PathLike) -> bool:

@@ -47,9 +47,8 @@ from ragen_turn.engines.rundir import (
     DiskFull,
     TrainingStopped,
     atomic_write_text,
-    check_run_dir,
-    clear_earlier_run,
     crash_point,
+    take_run_dir,
     writing,
 )
 from ragen_turn.engines.runlog import (
@@ -98,9 +97,8 @@ class StarPOTrainer:
         self.dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[cfg.dtype]
         seed_everything(cfg.seed)
         self.out_dir = Path(cfg.trainer.default_local_dir)
-        self.lock = check_run_dir(cfg, log=log)  # writable, ours alone, no earlier run unless resume/overwrite
-        if not cfg.trainer.resume and cfg.trainer.get("overwrite", False):
-            clear_earlier_run(self.out_dir, log)  # trainer.overwrite=true: the earlier run's files go first
+        # writable, ours alone, no earlier run unless resume/overwrite; trainer.overwrite=true: its files go first
+        self.lock = take_run_dir(cfg, log=log)
         self.ckpt_dir = self.out_dir / "checkpoints"
         ckpt.clean(self.ckpt_dir, log=log)  # what a run killed while writing or deleting a checkpoint left
         if not cfg.trainer.resume and ckpt.step_dirs(self.ckpt_dir):

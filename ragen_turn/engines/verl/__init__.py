@@ -126,9 +126,9 @@ def launch(cfg: Any) -> Dict[str, float]:
     from pathlib import Path
 
     require_verl()
-    from ragen_turn.engines.rundir import check_run_dir
+    from ragen_turn.engines.rundir import take_run_dir
 
-    check_run_dir(cfg)
+    take_run_dir(cfg)  # the lock; trainer.overwrite=true deletes the earlier run's files (verl would keep them)
     vcfg = build_verl_config(cfg)
     from .config import check_verl_config, resolve_placement, worker_env
 
