@@ -79,6 +79,8 @@ CASES = [
     (["model.warmstart.actions_per_turn=[0]"], "model.warmstart.actions_per_turn"),
     (["model.warmstart.fit_turn_budget=maybe"], "model.warmstart.fit_turn_budget"),
     (["+setting=nope"], "setting/nope"),
+    (["env_module=nonexistent_env_module"], "env_module"),
+    (["es_manager.train.env_configs.n_groups=[3]"], "es_manager.train.env_configs.n_groups"),
     (["env=search_qa", "custom_envs.SearchQA.env_config.topk=0"], "custom_envs.SearchQA.env_config"),
     (["env=search_qa", "custom_envs.SearchQA.env_config.corpus_path=/nonexistent/wiki-18.jsonl"],
      "custom_envs.SearchQA.env_config"),
