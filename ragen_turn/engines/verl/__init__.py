@@ -33,16 +33,29 @@ class VerlNotInstalled(ImportError, ValueError):
     """
 
 
-def require_verl() -> None:
-    """Raise :class:`VerlNotInstalled` with the install command unless verl 0.9.1 can be imported."""
+def require_verl(import_it: bool = True) -> None:
+    """Raise :class:`VerlNotInstalled` with the install command unless verl 0.9.1 can be imported.
+
+    ``import_it=False`` (the train command's check before any work) reads the version from the package's metadata
+    instead of importing verl, which costs about twice torch's import.
+    """
     if importlib.util.find_spec("verl") is None:
         raise VerlNotInstalled(INSTALL_HINT)
-    try:
-        import verl
-    except Exception as e:  # a broken install (e.g. a missing undeclared dependency)
-        raise VerlNotInstalled(f"import verl failed ({type(e).__name__}: {e}). {INSTALL_HINT}") from e
-    if getattr(verl, "__version__", None) != VERL_VERSION:
-        raise VerlNotInstalled(f"found verl {getattr(verl, '__version__', '?')}, need {VERL_VERSION}. {INSTALL_HINT}")
+    if import_it:
+        try:
+            import verl
+        except Exception as e:  # a broken install (e.g. a missing undeclared dependency)
+            raise VerlNotInstalled(f"import verl failed ({type(e).__name__}: {e}). {INSTALL_HINT}") from e
+        version = getattr(verl, "__version__", None)
+    else:
+        from importlib.metadata import PackageNotFoundError, version as dist_version
+
+        try:
+            version = dist_version("verl")
+        except PackageNotFoundError:
+            version = None
+    if version != VERL_VERSION:
+        raise VerlNotInstalled(f"found verl {version or '?'}, need {VERL_VERSION}. {INSTALL_HINT}")
     missing = [m for m in ("ray", "cachetools", "uvicorn", "fastapi", "zmq", "msgspec")
                if importlib.util.find_spec(m) is None]
     if missing:
@@ -81,7 +94,7 @@ def build_verl_config(cfg: Any, log=print):
 def check_config(cfg: Any) -> None:
     """What the train command checks for engine=verl before any work (``ragen_turn.preflight``): verl is installed
     and our config maps onto verl's (placement, batch splits); ValueError naming the key."""
-    require_verl()
+    require_verl(import_it=False)  # launch imports it; verl's config module imports no verl either
     from .config import check_ragen_config
 
     check_ragen_config(cfg)

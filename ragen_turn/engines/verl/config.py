@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any, Dict, Optional
 
 from omegaconf import DictConfig, OmegaConf, open_dict
-from verl.workers.config import PolicyLossConfig
 
 from ragen_turn.config import kept_batch_size, validate_config
 
@@ -99,21 +98,6 @@ def resolve_placement(cfg: DictConfig) -> Placement:
     return Placement(device, rollout, strategy, n, nnodes, workers, gc)
 
 
-@dataclass
-class RagenPolicyLossConfig(PolicyLossConfig):
-    """verl's ``actor.policy_loss`` plus the knobs of our losses (SPEC.md).
-
-    ``loss_agg_mode`` here is the policy loss's own aggregation (null = the loss's default:
-    ``turn-mean`` for turn_ppo, ``token-mean`` otherwise); verl's ``actor.loss_agg_mode`` stays
-    ``token-mean`` and only aggregates the entropy and KL terms.
-    """
-
-    ratio_mode: Optional[str] = None
-    clip_bias: bool = False
-    clip_bias_level: str = "sample"
-    clip_bias_stat: str = "mass"
-    clip_bias_threshold: Optional[float] = None
-    loss_agg_mode: Optional[str] = None
 
 
 def verl_default_config() -> DictConfig:
@@ -282,7 +266,7 @@ def to_verl_config(cfg: DictConfig, model_path: Optional[str] = None) -> DictCon
                 "optim": {"lr": float(a.optim.lr), "weight_decay": float(a.optim.weight_decay),
                           "betas": list(a.optim.betas), "clip_grad": float(a.grad_clip)},
                 "policy_loss": {
-                    "_target_": f"{__name__}.RagenPolicyLossConfig",
+                    "_target_": "ragen_turn.engines.verl.register.RagenPolicyLossConfig",
                     "loss_mode": str(a.policy_loss.loss_mode),
                     "ratio_mode": a.policy_loss.get("ratio_mode"),
                     "clip_bias": bool(a.policy_loss.get("clip_bias", False)),

@@ -9,7 +9,7 @@ engine sets ``VERL_USE_EXTERNAL_MODULES`` (read by ``import verl``) and
 The maths is ``ragen_turn.algos``; an adapter only
 - reads our knobs from verl's ``ActorConfig`` (``clip_ratio_low/high``, ``clip_ratio_c`` and
   ``policy_loss.{ratio_mode, clip_bias, clip_bias_level, clip_bias_stat, clip_bias_threshold,
-  loss_agg_mode}``, see :class:`~.config.RagenPolicyLossConfig`),
+  loss_agg_mode}``, see :class:`RagenPolicyLossConfig`),
 - takes the turns from the runs of 1s in ``response_mask`` (all a registered loss sees), and
 - hands verl's global mini-batch counts to the loss as :class:`ragen_turn.algos.GlobalCounts`: verl
   back-propagates each micro-batch loss as is, so a loss must be ``sum over its units / (units in the
@@ -19,10 +19,12 @@ The maths is ``ragen_turn.algos``; an adapter only
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Dict, Optional
 
 import torch
 from verl.trainer.ppo import core_algos as verl_algos
+from verl.workers.config import PolicyLossConfig
 
 from ragen_turn import algos
 from ragen_turn.algos.losses import cfg_get
@@ -31,6 +33,22 @@ POLICY_LOSSES = ("token_ppo", "turn_ppo", "turn_ppo_geo", "turn_is", "s_ppo", "s
 TURN_UNIT_LOSSES = ("turn_ppo", "turn_ppo_geo")
 ADV_ESTIMATORS = ("turn_gae",)
 _KNOBS = ("ratio_mode", "clip_bias", "clip_bias_level", "clip_bias_stat", "clip_bias_threshold", "loss_agg_mode")
+
+@dataclass
+class RagenPolicyLossConfig(PolicyLossConfig):
+    """verl's ``actor.policy_loss`` plus the knobs of our losses (SPEC.md).
+
+    ``loss_agg_mode`` here is the policy loss's own aggregation (null = the loss's default:
+    ``turn-mean`` for turn_ppo, ``token-mean`` otherwise); verl's ``actor.loss_agg_mode`` stays
+    ``token-mean`` and only aggregates the entropy and KL terms.
+    """
+
+    ratio_mode: Optional[str] = None
+    clip_bias: bool = False
+    clip_bias_level: str = "sample"
+    clip_bias_stat: str = "mass"
+    clip_bias_threshold: Optional[float] = None
+    loss_agg_mode: Optional[str] = None
 
 
 def core_config(config: Any) -> Dict[str, Any]:
