@@ -150,6 +150,9 @@ def warmstart_key(cfg: DictConfig, tokenizer: Any) -> str:
     model = OmegaConf.to_container(cfg.model, resolve=True)
     model["warmstart"].pop("seed", None)  # counted once, as "seed" below
     model["warmstart"].pop("enable", None)  # whether it runs, not what it trains
+    for k, default in (("lr_schedule", "constant"), ("warmup_steps", 0)):  # the defaults keep earlier caches' keys
+        if model["warmstart"].get(k, default) == default:
+            model["warmstart"].pop(k, None)
     parts = {
         "version": WARMSTART_VERSION,
         "model": model,

@@ -145,5 +145,7 @@ def test_sft_lr_schedule_warms_up_from_zero():
     assert changed == {("constant", 0): True, ("cosine", 0): True, ("cosine", 1): False, ("constant", 1): False}
     cos = micro_config(WS + ["model.warmstart.lr_schedule=cosine"])
     assert warmstart_key(cos, tok) != warmstart_key(base, tok)
+    same = micro_config(WS + ["model.warmstart.lr_schedule=constant", "model.warmstart.warmup_steps=0"])
+    assert warmstart_key(same, tok) == warmstart_key(base, tok)  # the defaults spelled out: the same SFT
     with pytest.raises(Exception, match="lr_schedule"):
         validate_config(micro_config(WS + ["model.warmstart.lr_schedule=linear"]))
