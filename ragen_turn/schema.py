@@ -303,6 +303,8 @@ class WarmstartConfig:
     steps: int = key(**NON_NEGATIVE)
     batch_size: int = key(**COUNT)
     lr: float = key(**POSITIVE)
+    lr_schedule: str = key("constant", choices=("constant", "cosine"))  # after warmup_steps of linear warm-up
+    warmup_steps: int = key(0, **NON_NEGATIVE)
     actions_per_turn: List[int] = key(nonempty=True, each=Rule(ge=1))
     think: str = key("plan", choices=("plan", "state_plan"))  # the <think> of demonstrations (agent_proxy.enable_think)
     fit_turn_budget: bool = key(False)  # each answer gives at least ceil(solution left / turns left) actions

@@ -150,6 +150,9 @@ def warmstart_key(cfg: DictConfig, tokenizer: Any) -> str:
     model = OmegaConf.to_container(cfg.model, resolve=True)
     model["warmstart"].pop("seed", None)  # counted once, as "seed" below
     model["warmstart"].pop("enable", None)  # whether it runs, not what it trains
+    for k, default in (("lr_schedule", "constant"), ("warmup_steps", 0)):  # the defaults keep earlier caches' keys
+        if model["warmstart"].get(k, default) == default:
+            model["warmstart"].pop(k, None)
     parts = {
         "version": WARMSTART_VERSION,
         "model": model,
@@ -167,10 +170,17 @@ def warmstart_key(cfg: DictConfig, tokenizer: Any) -> str:
 
 
 def sft(model: torch.nn.Module, demos: Trajectory, cfg: DictConfig, device: torch.device, log=print) -> Dict[str, float]:
-    """Response-token NLL, AdamW, ``warmstart.steps`` steps of ``warmstart.batch_size`` episodes."""
+    """Response-token NLL, AdamW, ``warmstart.steps`` steps of ``warmstart.batch_size`` episodes; the learning rate
+    follows ``warmstart.lr_schedule`` (transformers' ``constant_with_warmup`` or ``cosine``, to 0 at the last step)
+    after ``warmstart.warmup_steps`` of linear warm-up."""
+    from transformers import get_scheduler
+
     ws = cfg.model.warmstart
     model.to(device).train()
     opt = torch.optim.AdamW(model.parameters(), lr=ws.lr, weight_decay=0.0)
+    schedule = {"constant": "constant_with_warmup", "cosine": "cosine"}[ws.get("lr_schedule", "constant")]
+    sched = get_scheduler(schedule, opt, num_warmup_steps=int(ws.get("warmup_steps", 0)),
+                          num_training_steps=max(1, int(ws.steps)))
     g = torch.Generator().manual_seed(warmstart_seed(cfg) + 1)
     n = demos.batch_size
     order = torch.randperm(n, generator=g)
@@ -190,6 +200,7 @@ def sft(model: torch.nn.Module, demos: Trajectory, cfg: DictConfig, device: torc
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        sched.step()
         losses.append(loss.item())
         done = step + 1
         if done % max(1, int(ws.steps) // 20) == 0 or done in (1, int(ws.steps)) or time.time() - shown >= 30:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 from omegaconf import OmegaConf
 
@@ -121,3 +122,30 @@ def test_build_makes_the_warm_start_once(tmp_path, monkeypatch):
     lines = []
     assert build(cfg, log=lines.append) == path and any("loaded cached warm start" in ln for ln in lines)
     assert build(micro_config(["model.warmstart.enable=false"])) is None
+
+
+def test_sft_lr_schedule_warms_up_from_zero():
+    """``warmup_steps`` ramps the rate from 0 (a 1-step SFT with 1 warm-up step changes nothing); ``cosine`` and
+    ``constant`` are transformers' schedules; the key sees the schedule; a bad name is refused."""
+    from ragen_turn.config import validate_config
+    from ragen_turn.warmstart import sft
+
+    tok = tiny_tokenizer()
+    base = micro_config(WS)
+    demos = collect_demonstrations(base, tok, 4, seed=3)
+    changed = {}
+    for sched, warm in (("constant", 0), ("cosine", 0), ("cosine", 1), ("constant", 1)):
+        cfg = micro_config(WS + ["model.warmstart.steps=1", "model.warmstart.batch_size=4",
+                                 f"model.warmstart.lr_schedule={sched}", f"model.warmstart.warmup_steps={warm}"])
+        torch.manual_seed(0)
+        model, _ = load_model_and_tokenizer(OmegaConf.to_container(cfg.model, resolve=True))
+        before = [p.detach().clone() for p in model.parameters()]
+        sft(model, demos, cfg, torch.device("cpu"), log=lambda s: None)
+        changed[sched, warm] = any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert changed == {("constant", 0): True, ("cosine", 0): True, ("cosine", 1): False, ("constant", 1): False}
+    cos = micro_config(WS + ["model.warmstart.lr_schedule=cosine"])
+    assert warmstart_key(cos, tok) != warmstart_key(base, tok)
+    same = micro_config(WS + ["model.warmstart.lr_schedule=constant", "model.warmstart.warmup_steps=0"])
+    assert warmstart_key(same, tok) == warmstart_key(base, tok)  # the defaults spelled out: the same SFT
+    with pytest.raises(Exception, match="lr_schedule"):
+        validate_config(micro_config(WS + ["model.warmstart.lr_schedule=linear"]))
