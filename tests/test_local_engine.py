@@ -402,7 +402,7 @@ def test_kl_to_reference_and_entropy_bonus(tmp_path):
 
 def test_logprobs_and_hidden_match_the_separate_forwards():
     from ragen_turn.models import logprobs_and_hidden, sequence_logprobs
-    from ragen_turn.models.value_head import _base_model
+    from ragen_turn.models.logprobs import base_model
 
     tr = build_trainer(micro_config(["algo=turn_ppo", "critic.shared_backbone=true"]), log=_quiet)
     batch = tr.rollout(0)
@@ -410,7 +410,7 @@ def test_logprobs_and_hidden_match_the_separate_forwards():
     with torch.no_grad():
         logp, ent, hidden = logprobs_and_hidden(tr.actor, ids, am, pos)
         ref_logp, ref_ent = sequence_logprobs(tr.actor, ids, am, pos, return_entropy=True)
-        base = _base_model(tr.actor)(input_ids=ids, attention_mask=am, position_ids=pos).last_hidden_state
+        base = base_model(tr.actor)(input_ids=ids, attention_mask=am, position_ids=pos).last_hidden_state
         values = tr.critic(ids, am, pos)
     assert torch.allclose(logp, ref_logp, atol=1e-6) and torch.allclose(ent, ref_ent, atol=1e-6)
     assert torch.allclose(hidden, base, atol=1e-6)  # the last hidden state is taken after the final norm

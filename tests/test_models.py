@@ -236,12 +236,12 @@ def test_sequence_logprobs_matches_naive(tiny):
 def test_token_mask_scores_only_marked_tokens_with_the_same_values_and_gradients(tiny, plain_head, monkeypatch):
     """``token_mask``: the vocabulary projection runs on the marked positions only (plain-head models) or on
     all of them then masked (others); values and gradients equal the full computation's at the marked tokens."""
-    from ragen_turn.models import value_head
+    from ragen_turn.models import logprobs
 
     model, tok, _ = tiny
     if not plain_head:
-        monkeypatch.setattr(value_head, "PLAIN_HEAD_MODEL_TYPES", ())
-    assert (value_head.plain_lm_head(model) is not None) == plain_head
+        monkeypatch.setattr(logprobs, "PLAIN_HEAD_MODEL_TYPES", ())
+    assert (logprobs.plain_lm_head(model) is not None) == plain_head
     enc = _left_padded_batch(tok)
     ids, am = enc.input_ids, enc.attention_mask
     torch.manual_seed(0)

@@ -32,7 +32,8 @@ from typing import Any, Mapping
 
 from .hf import dtype_name, quiet_hf, torch_dtype
 from .smollm2 import INSTALL_HINT as SMOLLM2_INSTALL_HINT, ModelNotAvailableError
-from .value_head import CriticModel, logprobs_and_hidden, positions_from_mask, sequence_logprobs
+from .logprobs import logprobs_and_hidden, positions_from_mask, sequence_logprobs
+from .value_head import CriticModel
 
 KNOWN_MODELS = ("tiny", "hf", "smollm2-135m")
 MARKER_FILE = "ragen_turn_model.json"

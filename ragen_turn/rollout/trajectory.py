@@ -11,6 +11,8 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
+from ragen_turn.models.logprobs import positions_from_mask
+
 
 @dataclass
 class Episode:
@@ -138,4 +140,5 @@ class Trajectory:
 
     @property
     def position_ids(self) -> torch.Tensor:
-        return (self.attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
+        """``[B, T]``: HF ``generate``'s positions for the rows (:func:`~ragen_turn.models.logprobs.positions_from_mask`)."""
+        return positions_from_mask(self.attention_mask)
