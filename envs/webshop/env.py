@@ -21,20 +21,14 @@ import re
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 from ..base import BaseLanguageBasedEnv, check_seed
+from . import solver
 from .catalog import Catalog, Product, load_catalog
 from .config import WebShopEnvConfig, default_cache_dir, normalize_split
-from .reward import get_reward, normalize_color, token_set_ratio
+from .pages import BACK_TO_SEARCH, BUY_NOW, NEXT_PAGE, PREV_PAGE, SEARCH_ACTION_HINT, option_layout
+from .reward import get_reward
 from .search import BM25SearchEngine, get_search_engine
 
-BACK_TO_SEARCH = "back to search"
-NEXT_PAGE = "next >"
-PREV_PAGE = "< prev"
-BUY_NOW = "buy now"
-SUB_PAGES = ("description", "features", "reviews", "attributes")
-SEARCH_ACTION_HINT = "search[<your query>]"
-
 _ACTION_RE = re.compile(r"^\s*([A-Za-z_]+)\s*\[(.*)\]\s*$", re.DOTALL)
-_PRICE_CLAUSE_RE = re.compile(r",?\s*and price lower than [0-9.,]+ dollars\s*$")
 
 INSTRUCTION = (
     "You are shopping on WebShop, a simulated online store. Buy the product that best matches the "
@@ -46,11 +40,6 @@ INSTRUCTION = (
     "Each observation lists the actions available. Select the options you need before clicking 'buy now'; "
     "buying ends the episode and scores the purchase from 0 to 1."
 )
-
-
-def _shorter(a: List[str], b: List[str]) -> List[str]:
-    """The shorter plan (``a`` on a tie)."""
-    return list(a) if len(a) <= len(b) else list(b)
 
 
 def _truncate(text: str, n: int) -> str:
@@ -175,167 +164,9 @@ class WebShopEnv(BaseLanguageBasedEnv):
 
     # ------------------------------------------------------------------ expert planner
     def solve(self) -> Optional[List[str]]:
-        """The remaining expert actions from the current page to buying the goal product with the goal's options.
-
-        Exact for the current state: stepping the env with the returned actions, in order, buys the goal product
-        (its ASIN) with options that match the goal, so the purchase scores 1.0 on the shipped catalog. Calling it
-        again after any number of those actions (or after other actions) gives the plan from the new state:
-
-        * search page: ``search[q]`` with the first of the goal's query, the instruction (without its price
-          clause) and the product title whose top results hold the target, ``next >`` up to its results page,
-          ``click[<asin>]``, one ``click[<value>]`` per goal option not yet selected, ``click[buy now]``;
-        * results page: page to the target when it is in the current results (``next >`` / ``< prev``),
-          otherwise ``back to search`` and the search plan, whichever is shorter;
-        * item page of another product: ``< prev`` back to the results, or ``back to search`` when the target is
-          not in them; item page of the target: the missing options and ``buy now``;
-        * description / features / reviews page: ``< prev`` to the item page, or ``back to search``.
-
-        Labels are the exact lower-case clickables (``click[b0abc12345]``, ``click[next >]``). Returns ``[]`` once
-        the episode is over and None when no search finds any product. When no search puts the goal's ASIN among
-        the top ``search_return_n`` results (possible on WebShop's full data), the target is the found product
-        with the highest reward for the goal.
-        """
-        if self.goal is None:
-            raise RuntimeError("call reset() before solve()")
-        if self.done or self.page == "done":
-            return []
-        found = self._solve_target()
-        if found is None:
-            return None
-        target, search_plan = found
-        if self.page == "search":
-            return list(search_plan)
-        fresh = [f"click[{BACK_TO_SEARCH}]"] + search_plan
-        if self.page == "results":
-            return self._results_plan(target, fresh)
-        if self.item == target:
-            item_plan = self._item_plan(target, self.options)
-        else:  # another product: back to its results page, or a new search
-            item_plan = _shorter([f"click[{PREV_PAGE}]"] + self._results_plan(target, fresh), fresh)
-        if self.page == "item":
-            return item_plan
-        return _shorter([f"click[{PREV_PAGE}]"] + item_plan, fresh)  # a sub page keeps the item and its options
-
-    def _option_layout(self, p: Product) -> List[Tuple[str, List[Tuple[str, Optional[str]]]]]:
-        """The item page's options in page order: ``(type, [(value, click key or None), ...])``.
-
-        A value's key is None when an earlier button (navigation, or the same value of an earlier option type)
-        already owns its label.
-        """
-        taken = {BACK_TO_SEARCH, PREV_PAGE}
-        layout = []
-        for opt_type, values in p.options.items():
-            row = []
-            for v in values:
-                key = " ".join(v.split())
-                row.append((v, None if key in taken else key))
-                taken.add(key)
-            layout.append((opt_type, row))
-        return layout
-
-    def _option_choice(self, p: Product) -> Dict[str, Tuple[str, str]]:
-        """``{type: (value, click key)}``: the clickable option values that match the goal's options.
-
-        Exact matches first, then the best fuzzy match (as the reward judges options) per goal option; one
-        value per option type and per goal option.
-        """
-        opts = self.goal.get("goal_options") or []
-        goal = list(opts.items()) if isinstance(opts, Mapping) else [(None, o) for o in opts]
-        later = {BUY_NOW, "description", "features", "reviews"} | ({"attributes"} if self.config.show_attrs else set())
-        cands = []
-        for opt_type, values in self._option_layout(p):
-            for v, key in values:
-                if key is None or key in later:
-                    continue  # not clickable as an option on the page
-                for gi, (gtype, gval) in enumerate(goal):
-                    if gtype is not None and str(gtype).lower() != opt_type:
-                        continue
-                    g = " ".join(str(gval).lower().split())
-                    if g == key or g == v:
-                        score = 1000.0
-                    else:
-                        score = float(token_set_ratio(normalize_color(g), normalize_color(v)))
-                        if score <= 0:
-                            continue
-                    cands.append((-score, gi, opt_type, v, key))
-        chosen: Dict[str, Tuple[str, str]] = {}
-        used = set()
-        for _, gi, opt_type, v, key in sorted(cands, key=lambda c: c[:2]):
-            if gi in used or opt_type in chosen:
-                continue
-            chosen[opt_type] = (v, key)
-            used.add(gi)
-        return chosen
-
-    def _item_plan(self, idx: int, selected: Mapping[str, str]) -> List[str]:
-        """From the item page of product ``idx`` with ``selected`` options: the missing options, then buy."""
-        p = self.catalog.product(idx)
-        choice = self._option_choice(p)
-        plan = [f"click[{key}]" for opt_type, (v, key) in
-                sorted(choice.items(), key=lambda kv: list(p.options).index(kv[0])) if selected.get(opt_type) != v]
-        return plan + [f"click[{BUY_NOW}]"]
-
-    def _page_walk(self, results: List[int], idx: int, from_page: int) -> Optional[List[str]]:
-        """Paging clicks from results page ``from_page`` to the page showing ``idx`` (None if not in results)."""
-        if idx not in results:
-            return None
-        page = results.index(idx) // self.config.results_per_page + 1
-        if page >= from_page:
-            return [f"click[{NEXT_PAGE}]"] * (page - from_page)
-        return [f"click[{PREV_PAGE}]"] * (from_page - page)
-
-    def _results_plan(self, target: int, fresh: List[str]) -> List[str]:
-        """From the current results page (and the same result list)."""
-        walk = self._page_walk(self.results, target, self.results_page)
-        if walk is None:
-            return list(fresh)
-        stay = walk + [f"click[{self.catalog.product(target).asin.lower()}]"] + self._item_plan(target, {})
-        return _shorter(stay, fresh)
-
-    def _candidate_queries(self) -> List[str]:
-        g = self.goal
-        room = self.config.max_action_chars - len("search[]")
-        out: List[str] = []
-        for q in (g.get("query"), _PRICE_CLAUSE_RE.sub("", str(g.get("instruction_text") or "")), g.get("name")):
-            q = " ".join(str(q or "").lower().replace("[", " ").replace("]", " ").split())
-            while len(q) > room:
-                q = q.rsplit(" ", 1)[0] if " " in q else q[:room]
-            if q and q not in out:
-                out.append(q)
-        return out
-
-    def _solve_target(self) -> Optional[Tuple[int, List[str]]]:
-        """(target product index, plan from the search page), cached per goal."""
-        key = (self.goal_index, id(self.goal))
-        if self._solve_cache is not None and self._solve_cache[0] == key:
-            return self._solve_cache[1]
-        goal_idx = self.catalog.index_of(self.goal["asin"])
-        searches = []
-        found = None
-        for q in self._candidate_queries():
-            results = self.search_engine.search(q, k=self.config.search_return_n)
-            searches.append((q, results))
-            walk = None if goal_idx is None else self._page_walk(results, goal_idx, 1)
-            if walk is not None:
-                found = (goal_idx, q, walk)
-                break
-        if found is None:  # the goal's product is out of reach: the best product any of the searches shows
-            best = None
-            for q, results in searches:
-                for i in results:
-                    p = self.catalog.product(i)
-                    opts = {t: v for t, (v, _) in self._option_choice(p).items()}
-                    r = get_reward(p.reward_view(), self.goal, p.price, opts)[0]
-                    if best is None or r > best[0]:
-                        best = (r, i, q, self._page_walk(results, i, 1))
-            found = None if best is None else best[1:]
-        out = None
-        if found is not None:
-            idx, q, walk = found
-            out = (idx, [f"search[{q}]"] + walk + [f"click[{self.catalog.product(idx).asin.lower()}]"]
-                   + self._item_plan(idx, {}))
-        self._solve_cache = (key, out)
-        return out
+        """The remaining expert actions from the current page to buying the goal product with the goal's options
+        (``[]`` once the episode is over, None when no search finds a product): see :func:`.solver.solve`."""
+        return solver.solve(self)
 
     # ------------------------------------------------------------------ session state
     def _clear_session(self) -> None:
@@ -481,7 +312,7 @@ class WebShopEnv(BaseLanguageBasedEnv):
             segs += instr
             button("Back to Search", BACK_TO_SEARCH, ("back", None))
             button("< Prev", PREV_PAGE, ("prev", None))
-            for opt_type, values in self._option_layout(p):
+            for opt_type, values in option_layout(p):
                 segs.append(opt_type)
                 for v, key in values:
                     if key is None:  # a value shared by two option types: the first type keeps it
