@@ -20,7 +20,8 @@ counted. The table is also printed.
 
 ``python -m ragen_turn.report --list-jobs OVERRIDES...`` lists the jobs a Hydra sweep would launch,
 without training: ``--list-jobs env=sokoban algo=turn_ppo +sweep=gamma_lambda`` prints the 48 jobs of
-``--multirun +sweep=gamma_lambda``, each job's run directory, and any job whose config would be refused.
+``--multirun +sweep=gamma_lambda``, each job's run directory, and any job whose config would be refused
+(the same as ``python -m ragen_turn.sweeps OVERRIDES...``, see :mod:`ragen_turn.sweeps`).
 """
 from __future__ import annotations
 
@@ -787,78 +788,6 @@ def build_report(paths: Sequence[str], out: str | Path | None = None, group_by: 
     return text
 
 
-# ------------------------------------------------------------------------------------------------ sweeps
-def sweep_jobs(overrides: Sequence[str]) -> List[List[str]]:
-    """The jobs (override lists) that ``python -m ragen_turn.train --multirun OVERRIDES`` launches, expanded by
-    Hydra's basic sweeper from ``hydra.sweeper.params`` (the sweep file) and the command-line sweeps."""
-    from hydra import initialize_config_dir
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.types import RunMode
-
-    from ragen_turn.train import CONFIG_DIR
-
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        # composed as --multirun does, so that sweeps on the command line (a=1,2) are allowed
-        hcfg = GlobalHydra.instance().hydra.compose_config(config_name="base", overrides=list(overrides),
-                                                           run_mode=RunMode.MULTIRUN)
-    params = [f"{k}={v}" for k, v in (hcfg.hydra.sweeper.params or {}).items()]
-    parser = OverridesParser.create()
-    task = [o for o in parser.parse_overrides(list(overrides)) if not o.is_hydra_override()]
-    parsed = parser.parse_overrides(params + [o.input_line for o in task])
-    return [list(job) for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
-
-
-def compose_job(job: Sequence[str], hydra_overrides: Sequence[str] = ()):
-    """The resolved config of one sweep job."""
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
-
-    from ragen_turn.train import CONFIG_DIR
-
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        cfg = compose(config_name="base", overrides=list(job) + list(hydra_overrides))
-    OmegaConf.resolve(cfg)
-    return cfg
-
-
-def list_jobs(overrides: Sequence[str], validate: bool = True) -> int:
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    jobs = sweep_jobs(overrides)
-    hyd = [o.input_line for o in OverridesParser.create().parse_overrides(list(overrides)) if o.is_hydra_override()]
-    check = None
-    if validate:
-        try:
-            from ragen_turn.config import validate_config as check
-        except Exception as e:  # noqa: BLE001 - torch missing etc.: list without checking
-            print(f"(configs not checked: {e})")
-    dirs: Dict[str, int] = {}
-    bad = 0
-    for i, job in enumerate(jobs):
-        cfg = compose_job(job, hyd)
-        d = str(cfg.trainer.default_local_dir)
-        note = ""
-        if d in dirs:
-            note = f"  SAME RUN DIR AS JOB {dirs[d]}"
-            bad += 1
-        dirs.setdefault(d, i)
-        if check is not None:
-            from omegaconf import open_dict
-
-            with open_dict(cfg):
-                cfg.device = "cpu"
-            try:
-                check(cfg)
-            except ValueError as e:
-                note += f"  INVALID: {e}"
-                bad += 1
-        print(f"{i:4d}  {d}  [{' '.join(job)}]{note}")
-    print(f"{len(jobs)} jobs, {len(dirs)} distinct run dirs" + (f", {bad} problems" if bad else ""))
-    return 1 if bad else 0
-
-
 # ------------------------------------------------------------------------------------------------ CLI
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m ragen_turn.report", description=__doc__.split("\n\n")[0],
@@ -884,6 +813,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--no-check", action="store_true", help="with --list-jobs: skip the config checks")
     args = ap.parse_intermixed_args(argv)
     if args.list_jobs:
+        from ragen_turn.sweeps import list_jobs
+
         return list_jobs(args.paths, validate=not args.no_check)
     if not args.paths:
         ap.error("give at least one run directory (or a directory of runs)")

@@ -109,20 +109,27 @@ def prepare_envs(overrides: list[str]) -> None:
             cs.store(group="env", name=name, node=registered_env_config(name), package="_global_")
 
 
-def compose_config(overrides: list[str] | None = None) -> DictConfig:
-    """The resolved config for ``overrides`` (as on the command line), without starting a run."""
+def compose_with_hydra(overrides: list[str] | None = None) -> DictConfig:
+    """The composed config for ``overrides`` (as on the command line) with its ``hydra`` node, unresolved: what
+    ``compose_config`` resolves; sweep values (``a=1,2``) are not allowed here (see ``ragen_turn.sweeps``)."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from ragen_turn.ragen_keys import apply_ragen_keys, move_ragen_overrides
+    from ragen_turn.ragen_keys import move_ragen_overrides
 
     overrides = move_ragen_overrides(list(overrides or []))
     prepare_envs(overrides)
     if GlobalHydra.instance().is_initialized():  # inside a @hydra.main app (e.g. eval re-composing a run)
-        cfg = compose(config_name="base", overrides=list(overrides or []), return_hydra_config=True)
-    else:
-        with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-            cfg = compose(config_name="base", overrides=list(overrides or []), return_hydra_config=True)
+        return compose(config_name="base", overrides=list(overrides or []), return_hydra_config=True)
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        return compose(config_name="base", overrides=list(overrides or []), return_hydra_config=True)
+
+
+def compose_config(overrides: list[str] | None = None) -> DictConfig:
+    """The resolved config for ``overrides`` (as on the command line), without starting a run."""
+    from ragen_turn.ragen_keys import apply_ragen_keys
+
+    cfg = compose_with_hydra(overrides)
     token = _COMPOSED_OVERRIDES.set(str(cfg.hydra.job.override_dirname))
     try:
         with open_dict(cfg):

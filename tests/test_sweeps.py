@@ -14,7 +14,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
-from ragen_turn.report import sweep_jobs
+from ragen_turn.sweeps import sweep_jobs
 from ragen_turn.train import CONFIG_DIR, compose_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -135,7 +135,66 @@ def test_sweep_lists_can_be_narrowed_on_the_command_line():
     assert len(grpo) == 36 and not any("+sweep/batch_shape=br64_g1" in j for j in grpo)
 
 
-def test_multirun_launches_each_job_in_its_own_run_dir(tmp_path):
+def _basic_sweeper_jobs(overrides):
+    """Reference: the jobs as Hydra's own basic sweeper splits them (its internal API, for this test only), from
+    the params of the config Hydra composes for --multirun."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.types import RunMode
+
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        hcfg = GlobalHydra.instance().hydra.compose_config(config_name="base", overrides=list(overrides),
+                                                           run_mode=RunMode.MULTIRUN)
+    parser = OverridesParser.create()
+    params = [f"{k}={v}" for k, v in (hcfg.hydra.sweeper.params or {}).items()]
+    task = [o.input_line for o in parser.parse_overrides(list(overrides)) if not o.is_hydra_override()]
+    return [list(j) for batch in BasicSweeper.split_arguments(parser.parse_overrides(params + task), None)
+            for j in batch]
+
+
+@pytest.mark.parametrize("overrides", [
+    ("env=sokoban", "algo=turn_ppo", "+sweep=gamma_lambda"),
+    ("env=sokoban", "algo=grpo,turn_ppo", "+sweep=algos", "seed=1"),           # the command line narrows the sweep
+    ("env=sokoban", "algo=turn_ppo", "algorithm.gamma=0.9,0.99", "seed=0,1,2", "algorithm.lam=0.95",
+     "hydra.job.chdir=false"),                                                   # no sweep file; a hydra override
+    ("env=sokoban", "algo=grpo", "+sweep=batch_design", "+sweep/batch_shape=br32_g2,br16_g4"),
+])
+def test_sweep_jobs_are_hydras(overrides):
+    assert sweep_jobs(list(overrides)) == _basic_sweeper_jobs(overrides)
+
+
+def _listed(capsys, *overrides):
+    from ragen_turn.sweeps import list_jobs
+
+    rc = list_jobs(list(overrides), validate=False)
+    lines = capsys.readouterr().out.splitlines()
+    return rc, [ln.split()[1] for ln in lines[:-1]], lines[-1]
+
+
+def test_list_jobs_names_the_run_dirs_and_the_collisions(capsys):
+    rc, dirs, summary = _listed(capsys, "env=sokoban", "algo=turn_ppo", "+sweep=critic_lr")
+    assert rc == 0 and summary == "12 jobs, 12 distinct run dirs" and len(set(dirs)) == 12
+    rc, dirs, summary = _listed(capsys, "env=sokoban", "seed=0,1", "trainer.default_local_dir=runs/one")
+    assert rc == 1 and dirs == ["runs/one", "runs/one"] and summary == "2 jobs, 1 distinct run dirs, 1 problems"
+
+
+def test_list_jobs_on_the_command_line():
+    """``report --list-jobs`` (the documented command) and ``python -m ragen_turn.sweeps`` print the same jobs,
+    and a refused config is named with its key."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    args = ["env=sokoban", "algo=turn_ppo", "algorithm.lam=0.9,2.0"]
+    outs = [subprocess.run([sys.executable, "-m", mod, *flag, *args], cwd=ROOT, env=env, text=True,
+                           capture_output=True, timeout=120)
+            for mod, flag in (("ragen_turn.report", ["--list-jobs"]), ("ragen_turn.sweeps", []))]
+    for out in outs:
+        assert out.returncode == 1, out.stderr
+        lines = out.stdout.splitlines()
+        assert lines[-1] == "2 jobs, 2 distinct run dirs, 1 problems"
+        assert "INVALID" not in lines[0] and "INVALID" in lines[1] and "algorithm.lam" in lines[1]
+    assert outs[0].stdout == outs[1].stdout
+
+
+def test_multirun_launches_each_job_in_its_own_run_dir(tmp_path, capsys):
     """The real --multirun path (Hydra's basic sweeper and launcher) with a task that only records its config,
     arguments in train.sh's order (``env= algo= +sweep=... --multirun``)."""
     script = tmp_path / "task.py"
@@ -160,6 +219,19 @@ def test_multirun_launches_each_job_in_its_own_run_dir(tmp_path):
         assert run_dir.startswith(f"runs/sweep_critic_lr/sokoban_turn_ppo_tiny_alr{actor_lr}_clr")
         assert Path(hydra_dir) == tmp_path / run_dir / "hydra"  # Hydra's job files sit inside the run dir
     assert (tmp_path / "runs" / "sweep_critic_lr" / "multirun.yaml").is_file()
+    # the run dirs that the listing gives are the ones the real --multirun used, here and where the run name takes
+    # the swept key from the command line (no sweep file: the default experiment_name's override suffix)
+    from ragen_turn.sweeps import list_jobs
+
+    for args in (["env=sokoban", "algo=turn_ppo", "+sweep=critic_lr", "seed=0"],
+                 ["env=sokoban", "algo=turn_ppo", "algorithm.gamma=0.9,0.99", "seed=0"]):
+        out = subprocess.run([sys.executable, str(script), *args, "--multirun"], cwd=tmp_path, env=env, text=True,
+                             capture_output=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        real = sorted(ln.split()[1] for ln in out.stdout.splitlines() if ln.startswith("JOB"))
+        list_jobs(args, validate=False)
+        listed = sorted(ln.split()[1] for ln in capsys.readouterr().out.splitlines()[:-1])
+        assert listed == real and len(set(real)) == len(real) > 1, (listed, real)
 
 
 # ------------------------------------------------------------------------------------------------ paper configs
