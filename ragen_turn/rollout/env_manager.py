@@ -9,7 +9,7 @@ disjoint from both, for choosing settings without looking at the held-out seeds.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping
+from typing import Any, List, Mapping
 
 import numpy as np
 
@@ -119,7 +119,3 @@ class EnvGroupManager:
         for s in self.slots:
             if s.env is not None:
                 s.env.close()
-
-
-def env_tags_summary(custom_envs: Mapping[str, Any]) -> Dict[str, str]:
-    return {tag: spec.get("env_type") for tag, spec in (_plain(custom_envs) or {}).items()}
