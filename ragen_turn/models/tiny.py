@@ -51,6 +51,12 @@ CHAT_TEMPLATE = (
 # questions, Search-R1's tags), so its fictional names and words are a few tokens each instead of one per letter.
 SEARCH_TAG_TOKENS = ["<search>", "</search>", "<information>", "</information>"]
 TOKENIZER_CORPORA = ("agents", "search_qa")
+# Copies of the prompt text a search-QA episode shows (system prompt, user message, the env's feedback, the warm
+# start's think lines). They stay copies: generating them from the live code would retrain the tokenizer whenever
+# that text changes. tests/test_tiny_corpus.py fails when a copy no longer matches the real text.
+SEARCH_QA_CHAT = ["You are a helpful agent.", "Turn 1:", "State:", "You have 3 turns left.", "Reward: 0.00",
+                  "Invalid response: no <search> ... </search> or <answer> ... </answer> found.",
+                  "<think>I need to look this up.</think>", "<think>I know the answer now.</think>"]
 
 DEFAULT_CONFIG: dict[str, Any] = {
     "arch": "qwen2",                  # or "llama"
@@ -307,10 +313,7 @@ def _corpus_spec(corpus: str, seed: int) -> tuple[list[str], list[str], int]:
 
         rng = random.Random(seed)
         docs = tokenizer_corpus()
-        chat = ["You are a helpful agent.", "Turn 1:", "State:", "You have 3 turns left.", "Reward: 0.00",
-                "Invalid response: no <search> ... </search> or <answer> ... </answer> found.",
-                "<think>I need to look this up.</think>", "<think>I know the answer now.</think>"]
-        docs += [" ".join(rng.sample(chat, 4)) for _ in range(200)]
+        docs += [" ".join(rng.sample(SEARCH_QA_CHAT, 4)) for _ in range(200)]
         return docs, TAG_TOKENS + SEARCH_TAG_TOKENS, 2048
     raise ValueError(f"tiny model: tokenizer_corpus must be one of {list(TOKENIZER_CORPORA)}, got {corpus!r}")
 
