@@ -7,11 +7,13 @@
 - no import cycle among ``ragen_turn`` modules, counting imports inside functions too (a lazy import
   still ties two modules together).
 
-Every ``import`` statement counts, wherever it sits (a function-level import is a dependency too).
+Every ``import`` statement counts, wherever it sits (a function-level import is a dependency too). The table of
+part-to-part imports in docs/ARCHITECTURE.md is checked against the same graph.
 """
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 from typing import Dict, List, Set
 
@@ -146,6 +148,42 @@ def test_only_entry_points_import_the_local_trainer(graph):
 def test_no_import_cycle(graph):
     cycles = find_cycles(graph)
     assert not cycles, "import cycles among ragen_turn modules: " + "; ".join(" <-> ".join(c) for c in cycles)
+
+
+def part_of(module: str) -> str:
+    """The part of docs/ARCHITECTURE.md a module belongs to: ``envs``, ``engines`` (the shared files of
+    ``engines/``), ``engines.local``, ``engines.verl``, or the first name under ``ragen_turn``."""
+    p = module.split(".")
+    if len(p) < 2:
+        return module
+    if p[1] == "engines" and len(p) > 2 and p[2] in ("local", "verl"):
+        return f"engines.{p[2]}"
+    return p[1]
+
+
+def documented_arrows() -> Dict[str, Set[str]]:
+    """The table of docs/ARCHITECTURE.md's "The arrows" section: ``part -> the parts it imports``."""
+    text = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
+    section = text.split("## The arrows", 1)[1].split("\n## ", 1)[0]
+    out: Dict[str, Set[str]] = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 2 or not cells[0].startswith("`"):
+            continue
+        deps = set(re.findall(r"`([a-z_.]+)`", cells[1].split("(")[0])) if "nothing" not in cells[1] else set()
+        for name in re.findall(r"`([a-z_.]+)`", cells[0]):
+            out[name] = deps
+    return out
+
+
+def test_architecture_doc_states_the_import_graph(graph):
+    actual: Dict[str, Set[str]] = {}
+    for a, deps in graph.items():
+        actual.setdefault(part_of(a), set()).update(part_of(b) for b in deps if part_of(b) != part_of(a))
+    actual = {k: v for k, v in actual.items() if k != "ragen_turn"}
+    doc = documented_arrows()
+    assert doc == actual, {k: (sorted(doc.get(k, ())), sorted(actual.get(k, ())))
+                           for k in set(doc) | set(actual) if doc.get(k) != actual.get(k)}
 
 
 def test_checker_sees_violations(tmp_path):
