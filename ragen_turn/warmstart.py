@@ -190,11 +190,10 @@ def sft(model: torch.nn.Module, demos: Trajectory, cfg: DictConfig, device: torc
     for step in range(int(ws.steps)):
         if pos + ws.batch_size > n:
             order, pos = torch.randperm(n, generator=g), 0
-        mb = demos.select(order[pos:pos + ws.batch_size])
+        mb = demos.select(order[pos:pos + ws.batch_size]).to(device)
         pos += ws.batch_size
-        ids, am = mb.input_ids.to(device), mb.attention_mask.to(device)
-        mask = mb.response_mask.to(device)
-        logp = sequence_logprobs(model, ids, am, mb.position_ids.to(device), token_mask=mask)
+        mask = mb.response_mask
+        logp = sequence_logprobs(model, mb.input_ids, mb.attention_mask, mb.position_ids, token_mask=mask)
         loss = -(logp * mask).sum() / mask.sum().clamp(min=1)
         opt.zero_grad(set_to_none=True)
         loss.backward()

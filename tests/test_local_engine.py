@@ -87,7 +87,7 @@ def test_turn_ppo_one_turn_takes_the_sequence_level_update(tmp_path):
     with torch.no_grad():
         for p in tr.actor.parameters():
             p.add_(0.05 * torch.randn_like(p))
-    loss, _ = tr.actor_loss(batch)
+    loss, _ = tr.actor_loss(batch.to(tr.device))
     grads = torch.autograd.grad(loss, list(tr.actor.parameters()))
     # sequence-level PPO by hand: one ratio per episode = prod of token ratios, one advantage per episode
     from ragen_turn.models import sequence_logprobs
@@ -290,7 +290,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(tmp_path):
         mlp = tr.actor.model.layers[0].mlp
         mlp_forward = mlp.forward
         mlp.forward = lambda *args, **kw: (calls.append(1), mlp_forward(*args, **kw))[1]
-        loss, _ = tr.actor_loss(batch)
+        loss, _ = tr.actor_loss(batch.to(tr.device))
         n_forward = len(calls)
         grads[gc] = torch.autograd.grad(loss, list(tr.actor.parameters()))
         assert len(calls) == (2 * n_forward if gc else n_forward)  # checkpointing re-runs the layer in backward

@@ -6,7 +6,7 @@ prompt, environment or chat-template tokens); ``turn_ids`` numbers those runs 0.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Dict, List, Optional
 
 import torch
@@ -132,11 +132,9 @@ class Trajectory:
         return self
 
     def to(self, device: torch.device | str) -> "Trajectory":
-        for f in fields(self):
-            v = getattr(self, f.name)
-            if isinstance(v, torch.Tensor):
-                setattr(self, f.name, v.to(device))
-        return self
+        """A Trajectory with every tensor field on ``device`` (``self`` is unchanged; episodes are shared)."""
+        return replace(self, **{f.name: getattr(self, f.name).to(device) for f in fields(self)
+                                if isinstance(getattr(self, f.name), torch.Tensor)})
 
     @property
     def position_ids(self) -> torch.Tensor:

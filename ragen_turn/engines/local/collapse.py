@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from ragen_turn.algos.collapse import collapse_measures
-from ragen_turn.models import sequence_logprobs
+from ragen_turn.models import positions_from_mask, sequence_logprobs
 from ragen_turn.rollout.context import think_text
 from ragen_turn.rollout.trajectory import Episode
 
@@ -67,7 +67,7 @@ def cross_logprobs(model: Any, prompts: Dict[int, List[int]], reasoning: List[Li
                 ids[b, :len(x) + len(z)] = torch.tensor(x + z, dtype=torch.long)
                 am[b, :len(x) + len(z)] = 1
                 zmask[b, len(x):len(x) + len(z)] = 1
-            pos = (am.cumsum(dim=1) - 1).clamp(min=0)
+            pos = positions_from_mask(am)
             logp = sequence_logprobs(model, ids.to(device), am.to(device), pos.to(device),
                                      token_mask=zmask.to(device)).double().cpu() * zmask
             s = logp.sum(dim=1)

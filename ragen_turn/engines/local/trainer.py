@@ -222,8 +222,7 @@ class StarPOTrainer:
     def critic_loss(self, mb: Trajectory, values: torch.Tensor, counts: Optional[GlobalCounts] = None):
         """Hook: the critic's loss on a micro-batch from fresh ``values`` ``[b, T]`` (token layout), its share
         of the mean over the mini-batch's response tokens (``counts``)."""
-        return value_loss(values, mb.values.to(values.device), mb.returns.to(values.device),
-                          mb.response_mask.to(values.device), self.cfg.critic.cliprange_value,
+        return value_loss(values, mb.values, mb.returns, mb.response_mask, self.cfg.critic.cliprange_value,
                           normaliser=counts.tokens if counts else None)
 
     # -------------------------------------------------------------------------------- update
@@ -298,11 +297,14 @@ class StarPOTrainer:
         micro-batch size. ``stats_of(micro, counts)`` (a no-grad pre-pass, when the loss takes a statistic over
         the whole mini-batch) gives each micro-batch's part of it, summed before any backward.
 
+        Each micro-batch is moved to the trainer's device here, once: the loss hooks (``loss_of``, ``stats_of``:
+        :meth:`actor_loss`, :meth:`critic_step_loss`, :meth:`joint_loss`, :meth:`clip_stats`) take it there.
+
         Returns the mini-batch's metrics (``SUMMED_METRICS`` added up over its micro-batches, the others their
         mean), or None when a loss is not finite.
         """
         counts = GlobalCounts.of(mini.response_mask, mini.turn_ids)
-        micros = [mini.select(idx) for idx in self._micro_batches(mini.batch_size)]
+        micros = [mini.select(idx).to(self.device) for idx in self._micro_batches(mini.batch_size)]
         if stats_of is not None:
             with torch.no_grad():
                 counts = counts.with_clip_stats(sum(stats_of(m, counts) for m in micros))
@@ -317,9 +319,7 @@ class StarPOTrainer:
         return {k: float(np.sum(v)) if k in SUMMED_METRICS else float(np.nanmean(v)) for k, v in acc.items()}
 
     def _fresh_logprobs(self, mb: Trajectory, **kw):
-        dev = self.device
-        return self.logprobs(self.actor, mb.input_ids.to(dev), mb.attention_mask.to(dev), mb.position_ids.to(dev),
-                             mb.response_mask.to(dev), **kw)
+        return self.logprobs(self.actor, mb.input_ids, mb.attention_mask, mb.position_ids, mb.response_mask, **kw)
 
     def actor_loss(self, mb: Trajectory, counts: Optional[GlobalCounts] = None):
         logp, ent = self._fresh_logprobs(mb, return_entropy=True)
@@ -327,18 +327,15 @@ class StarPOTrainer:
 
     def clip_stats(self, mb: Trajectory, counts: GlobalCounts) -> torch.Tensor:
         """This micro-batch's part of the clipping-bias statistic over the mini-batch (``clip_bias_level=batch``)."""
-        dev = self.device
-        return minibatch_clip_stats(self.cfg.actor_rollout_ref.actor.policy_loss.loss_mode, mb.old_logp.to(dev),
-                                    self._fresh_logprobs(mb), mb.advantages.to(dev), mb.response_mask.to(dev),
-                                    self.loss_cfg, turn_ids=mb.turn_ids.to(dev), global_counts=counts)
+        return minibatch_clip_stats(self.cfg.actor_rollout_ref.actor.policy_loss.loss_mode, mb.old_logp,
+                                    self._fresh_logprobs(mb), mb.advantages, mb.response_mask, self.loss_cfg,
+                                    turn_ids=mb.turn_ids, global_counts=counts)
 
     def joint_loss(self, mb: Trajectory, counts: Optional[GlobalCounts] = None):
         """Shared backbone: policy loss + ``critic.vf_coef`` x value loss from one forward of the actor."""
-        dev = self.device
-        ids, am, pos = mb.input_ids.to(dev), mb.attention_mask.to(dev), mb.position_ids.to(dev)
-        logp, ent, hidden = logprobs_and_hidden(self.actor, ids, am, pos,
+        logp, ent, hidden = logprobs_and_hidden(self.actor, mb.input_ids, mb.attention_mask, mb.position_ids,
                                                 temperature=self.cfg.actor_rollout_ref.rollout.temperature or 1.0,
-                                                token_mask=mb.response_mask.to(dev))
+                                                token_mask=mb.response_mask)
         loss, metrics = self.policy_loss(mb, logp, ent, counts)
         v_loss, v_metrics = self.critic_loss(mb, values_before_tokens(self.critic.values_from_hidden(hidden)), counts)
         metrics.update(v_metrics)
@@ -349,10 +346,9 @@ class StarPOTrainer:
         """The configured policy loss (+ entropy bonus, + KL to the reference) from fresh ``logp``/``ent`` [b, T]:
         with the mini-batch's ``counts``, every term is this micro-batch's share of the mini-batch's mean."""
         a = self.cfg.actor_rollout_ref.actor
-        dev = self.device
-        mask = mb.response_mask.to(dev)
-        loss, metrics = self.loss_fn(old_log_prob=mb.old_logp.to(dev), log_prob=logp, advantages=mb.advantages.to(dev),
-                                     response_mask=mask, config=self.loss_cfg, turn_ids=mb.turn_ids.to(dev),
+        mask = mb.response_mask
+        loss, metrics = self.loss_fn(old_log_prob=mb.old_logp, log_prob=logp, advantages=mb.advantages,
+                                     response_mask=mask, config=self.loss_cfg, turn_ids=mb.turn_ids,
                                      global_counts=counts)
         n_tokens = counts.tokens if counts else None
         entropy = masked_mean(ent, mask, n_tokens)
@@ -360,14 +356,13 @@ class StarPOTrainer:
         if a.entropy_coeff:
             loss = loss - a.entropy_coeff * entropy
         if self.ref is not None:
-            kl = masked_mean(kl_penalty(logp, mb.ref_logp.to(dev), a.kl_loss_type), mask, n_tokens)
+            kl = masked_mean(kl_penalty(logp, mb.ref_logp, a.kl_loss_type), mask, n_tokens)
             metrics["actor/kl_loss"] = float(kl.detach())
             loss = loss + a.kl_loss_coef * kl
         return loss, metrics
 
     def critic_step_loss(self, mb: Trajectory, counts: Optional[GlobalCounts] = None):
-        dev = self.device
-        values = self.critic_values(mb.input_ids.to(dev), mb.attention_mask.to(dev), mb.position_ids.to(dev))
+        values = self.critic_values(mb.input_ids, mb.attention_mask, mb.position_ids)
         return self.critic_loss(mb, values.float(), counts)
 
     def update(self, batch: Trajectory) -> Dict[str, float]:
@@ -646,10 +641,9 @@ class TurnPPOTrainer(StarPOTrainer):
     def critic_loss(self, mb: Trajectory, values: torch.Tensor, counts: Optional[GlobalCounts] = None):
         """The value loss on V(s_h) ``[b, H]`` read from fresh token-layout ``values`` ``[b, T]``, its share of the
         mean over the mini-batch's turns (``counts``)."""
-        dev = values.device
-        v = turn_start_values(values, mb.turn_ids.to(dev), mb.turn_mask.shape[1])
-        return value_loss(v, mb.turn_values.to(dev), mb.turn_returns.to(dev), mb.turn_mask.to(dev),
-                          self.cfg.critic.cliprange_value, normaliser=counts.turns if counts else None)
+        v = turn_start_values(values, mb.turn_ids, mb.turn_mask.shape[1])
+        return value_loss(v, mb.turn_values, mb.turn_returns, mb.turn_mask, self.cfg.critic.cliprange_value,
+                          normaliser=counts.turns if counts else None)
 
 
 TRAINERS = {"starpo": StarPOTrainer, "turn": TurnPPOTrainer}

@@ -36,6 +36,8 @@ from verl.workers.rollout import base as rollout_base
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, RolloutReplicaRegistry, TokenOutput
 
+from ragen_turn.models.logprobs import positions_from_mask
+
 logger = logging.getLogger(__name__)
 
 ROLLOUT_NAME = "hf"
@@ -119,7 +121,7 @@ def sample_batch(model: Any, requests: Sequence[Request], pad_id: int, eos_ids: 
     for b, r in enumerate(requests):
         ids[b, width - len(r.prompt_ids):] = torch.tensor(r.prompt_ids, dtype=torch.long)
         attn[b, width - len(r.prompt_ids):] = 1
-    pos = (attn.cumsum(-1) - 1).clamp(min=0)
+    pos = positions_from_mask(attn)
     out = model(input_ids=ids.to(device), attention_mask=attn.to(device), position_ids=pos.to(device),
                 use_cache=True, logits_to_keep=1)
     cache, logits = out.past_key_values, out.logits[:, -1]
