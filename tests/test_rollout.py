@@ -8,6 +8,7 @@ from ragen_turn.rollout import (
     ChatFormatter,
     ContextConfig,
     EnvGroupManager,
+    Episode,
     TextPolicy,
     Trajectory,
     VAL_SEED_OFFSET,
@@ -228,3 +229,19 @@ def test_ragen_style_envs_get_ids_from_names_read_each_turn():
                          ChatFormatter(tok), context_config(cfg))
     assert ep.num_actions == 0 and ep.num_turns == 4 and ep.num_dropped_actions == 2 * 4
     assert ep.turn_rewards == pytest.approx([-0.1] * 4)
+
+
+def test_trajectory_to_is_a_copy_and_positions_follow_the_mask():
+    from ragen_turn.models.logprobs import positions_from_mask
+
+    eps = [Episode(token_ids=[5, 6, 7], response_mask=[0, 1, 1], turn_ids=[-1, 0, 0], turn_rewards=[1.0],
+                   group_id=0, env_seed=0),
+           Episode(token_ids=[5, 6], response_mask=[0, 1], turn_ids=[-1, 0], turn_rewards=[0.0], group_id=0,
+                   env_seed=1)]
+    batch = Trajectory.from_episodes(eps, pad_token_id=0)
+    batch.old_logp = torch.zeros(2, 3)
+    moved = batch.to("meta")
+    assert moved is not batch and moved.episodes is batch.episodes
+    assert all(getattr(moved, k).device.type == "meta" for k in ("input_ids", "turn_mask", "old_logp"))
+    assert batch.input_ids.device.type == "cpu" and moved.values is None
+    assert batch.position_ids.tolist() == [[0, 1, 2], [0, 1, 1]] == positions_from_mask(batch.attention_mask).tolist()
