@@ -63,7 +63,7 @@ def _words(text: str) -> set:
 
 
 def test_agents_corpus_covers_the_sokoban_and_webshop_prompt_words():
-    from ragen_turn.envs import make_env
+    from ragen_turn.envs import get_env_class, make_env
 
     corpus = _words("\n".join(build_corpus(0)))
     frame = set()
@@ -71,9 +71,10 @@ def test_agents_corpus_covers_the_sokoban_and_webshop_prompt_words():
         cfg = ContextConfig(enable_think=think, include_env_instruction=False)
         frame |= _words(system_prompt("", cfg) + "\n" + user_message("", 1, cfg, reward=-0.1))
     unseen = {"frame": frame - corpus}
-    for name in ("sokoban", "webshop"):
-        rules = system_prompt(make_env(name, {}).instruction, ContextConfig(enable_think=True))
-        unseen[name] = _words(rules) - corpus - frame
+    # WebShop's rules are a class attribute: no env is built, so no search index is left in the process cache
+    instructions = {"sokoban": make_env("sokoban", {}).instruction, "webshop": get_env_class("webshop").instruction}
+    for name, instruction in instructions.items():
+        unseen[name] = _words(system_prompt(instruction, ContextConfig(enable_think=True))) - corpus - frame
     assert unseen == KNOWN_UNSEEN, (
         "the Sokoban / WebShop prompt words outside the tiny tokenizer's corpus changed: update KNOWN_UNSEEN, or "
         "the corpus in ragen_turn/models/tiny.py (and bump TOKENIZER_VERSION; see this file's docstring)")
