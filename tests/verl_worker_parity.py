@@ -24,7 +24,8 @@ from pathlib import Path
 
 os.environ["VERL_PLATFORM"] = "cpu"  # before anything imports verl
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+# tests/helpers.py, and this checkout's ragen_turn before any installed one (a venv shared between checkouts)
+sys.path[:0] = [str(HERE), str(HERE.parent)]
 
 import torch  # noqa: E402
 
