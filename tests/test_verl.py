@@ -1143,17 +1143,20 @@ def test_hf_rollout_stops_and_greedy():
 # verl's real workers (Ray, FSDP2 on gloo, agent loop, hf rollout) vs the local engine
 # ------------------------------------------------------------------------------------------------
 PARITY_ALGOS = ("turn_ppo", "token_ppo", "st_ppo")
-# float32 on CPU; verl packs the sequences (no padding) where the local engine pads them
+# float32 on CPU; verl's rows are padded like the local engine's (sdpa, no "remove padding")
 TOL = {"logp": 1e-5, "values": 1e-5, "adv": 1e-5, "loss_rel": 1e-5, "grad_rel": 1e-5}
 
 
-@pytest.fixture(scope="module")
-def parity(tmp_path_factory):
+@pytest.fixture(scope="module", params=[4, 2], ids=["one_micro_batch", "two_micro_batches"])
+def parity(request, tmp_path_factory):
+    """verl_worker_parity.py's differences with ``micro_batch_size_per_gpu`` 4 (one micro-batch per mini-batch
+    of 4 episodes) and 2 (two, holding different numbers of turns and tokens)."""
     import json
 
     out = tmp_path_factory.mktemp("parity") / "parity.json"
     run = subprocess.run([sys.executable, os.path.join(REPO, "tests", "verl_worker_parity.py"), str(out),
-                          *PARITY_ALGOS], cwd=REPO, capture_output=True, text=True, timeout=900)
+                          *PARITY_ALGOS, "--micro", str(request.param)],
+                         cwd=REPO, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-5000:]
     return json.loads(out.read_text())
 
@@ -1171,6 +1174,10 @@ def test_verl_workers_equal_the_local_engine(parity, algo):
     the FSDP2 workers) equal the local engine's."""
     r = parity[algo]
     assert r["episodes"] == 4 and r["response_tokens"] > 0
+    # the halves of the batch hold different numbers of turns and of tokens, so two micro-batches test the
+    # mini-batch normalisers (turn-mean, token-mean): a micro-batch mean weighted by its share of rows would differ
+    turns, tokens = r["turns_per_episode"], r["tokens_per_episode"]
+    assert sum(turns[:2]) != sum(turns[2:]) and sum(tokens[:2]) != sum(tokens[2:]), (turns, tokens)
     assert r["old_log_probs_max_abs_diff"] <= TOL["logp"]
     assert r["values_max_abs_diff"] <= TOL["values"]
     assert r["advantages_max_abs_diff"] <= TOL["adv"] and r["returns_max_abs_diff"] <= TOL["adv"]

@@ -24,7 +24,8 @@ from pathlib import Path
 
 os.environ["VERL_PLATFORM"] = "cpu"  # before anything imports verl
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+# tests/helpers.py, and this checkout's ragen_turn before any installed one (a venv shared between checkouts)
+sys.path[:0] = [str(HERE), str(HERE.parent)]
 
 import torch  # noqa: E402
 
@@ -37,6 +38,7 @@ import ragen_turn.engines.verl.agent_loop  # noqa: E402,F401
 MICRO = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, intermediate_size=64)
 HEAD_STD = 0.5  # a non-zero value head, so the critic's backbone gets gradients too
 EOS_SCALE = 50.0  # about 0.1 probability of ending a turn at each token
+MAX_CONTEXT = 320
 
 
 def model_dir(root: Path) -> Path:
@@ -68,6 +70,9 @@ def overrides(algo: str, path: Path, run_dir: str, micro: int = 4) -> list:
     return [f"algo={algo}", "model=tiny", f"model.path={path}", "model.warmstart.enable=false",
             f"micro_batch_size_per_gpu={micro}",
             "es_manager.train.env_groups=2", "es_manager.train.group_size=2", "agent_proxy.max_turn=3",
+            # a context window that ends one episode after 2 turns (its third turn would start at token 313 and
+            # may need 8 more; the others' start at 310-312), so two micro-batches hold different turn counts
+            f"agent_proxy.max_context_tokens={MAX_CONTEXT}",
             "actor_rollout_ref.rollout.response_length=8", "ppo_mini_batch_size=4",
             "actor_rollout_ref.actor.grad_clip=1e9", "critic.grad_clip=1e9", "device=cpu", "seed=3",
             # raw advantages: whitened ones make a first-step turn-mean loss exactly 0 (ratio 1), a weak check
@@ -277,6 +282,12 @@ def compare(v: dict, loc: dict) -> dict:
     res["weight_sync"] = v["weight_sync"]
     res["episodes"] = len(batch)
     res["response_tokens"] = int(batch.batch["response_mask"].sum())
+    # per episode: turns and sampled tokens (what a micro-batch split weights by), and prompt + response length
+    res["turns_per_episode"] = [int(x) for x in full.turn_mask.sum(-1)]
+    res["tokens_per_episode"] = [int(x) for x in full.response_mask.sum(-1)]
+    res["length_per_episode"] = [p_len + r_len for p_len, r_len in spans]
+    res["turn_starts"] = [[int((full.turn_ids[i] == h).nonzero()[0]) for h in range(n)]
+                          for i, n in enumerate(res["turns_per_episode"])]
     return res
 
 
