@@ -10,4 +10,7 @@ if [ $# -lt 2 ]; then
 fi
 ENV_NAME=$1; CKPT=$2; shift 2
 . scripts/python.sh
-exec "$PY" -m ragen_turn.evaluate env="$ENV_NAME" +checkpoint="$CKPT" "$@"
+# quoted for Hydra's override grammar: run names hold '=' and ',' (e.g. ..._s0_algorithm.gamma=0.95,algorithm.lam=1.0)
+Q=${CKPT//\\/\\\\}; Q=${Q//\'/\\\'}
+# Hydra writes nothing of its own (no run dir named after these overrides, no .hydra, no log file)
+exec "$PY" -m ragen_turn.evaluate env="$ENV_NAME" +checkpoint="'$Q'" hydra.run.dir=. hydra.output_subdir=null hydra/job_logging=disabled "$@"

@@ -124,3 +124,19 @@ def test_train_sh_before_install_says_to_install(tmp_path):
         out = subprocess.run(cmd, cwd=clone, env=env, text=True, capture_output=True, timeout=60)
         assert out.returncode == 2 and "run bash scripts/install.sh first" in out.stderr, out.stderr
         assert "Traceback" not in out.stderr
+
+
+def test_eval_sh_reads_a_run_whose_name_holds_overrides(tmp_path):
+    """Run names carry their overrides ('=' and ','); eval.sh quotes the path for Hydra's grammar and Hydra writes
+    no run dir of its own for the evaluation."""
+    plain = tmp_path / "runs" / "plain"
+    build_trainer(micro_config(["algo=grpo", "trainer.total_training_steps=1"], run_dir=plain), log=_quiet).fit()
+    run = plain.rename(plain.with_name("sokoban_turn_ppo_tiny_s0_algorithm.gamma=0.95,algorithm.lam=1.0"))
+    out = subprocess.run(["bash", "eval.sh", "sokoban", str(run), "es_manager.val.env_groups=2", "device=cpu",
+                          "agent_proxy.max_turn=2", "actor_rollout_ref.rollout.response_length=8"],
+                         cwd=ROOT, text=True, capture_output=True, timeout=300,
+                         env=dict(os.environ, RAGEN_TURN_RUNS_DIR=str(tmp_path / "runs")))
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "| model | episodes | success" in out.stdout
+    assert (run / "checkpoints" / "step_000001" / "eval_sokoban.json").is_file()
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == [run.name]  # no run dir named after eval's overrides
