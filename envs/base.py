@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from abc import ABC, abstractmethod
 import numbers
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 StepResult = Tuple[Any, float, bool, Dict[str, Any]]
 
@@ -104,3 +104,17 @@ class BaseLanguageBasedEnv(BaseEnv, ABC):
     @abstractmethod
     def step(self, action: str) -> StepResult:
         ...
+
+
+def coerce_config(cls: Any, config: Any, kwargs: Mapping[str, Any]) -> Any:
+    """An env's ``__init__(config=None, **kwargs)`` argument as a ``cls`` instance: None (keywords only), a mapping
+    (merged with the keywords, read by ``cls.from_dict``) or a ``cls``; anything else is a ``TypeError``."""
+    if config is None:
+        return cls(**kwargs)
+    if isinstance(config, Mapping):
+        return cls.from_dict({**config, **kwargs})
+    if kwargs:
+        raise TypeError(f"pass either a {cls.__name__} or keyword arguments, not both")
+    if not isinstance(config, cls):
+        raise TypeError(f"config must be a {cls.__name__} or a dict, got {type(config).__name__}")
+    return config

@@ -666,3 +666,19 @@ def test_gymnasium_check_env(cache_dir):
     short.reset(seed=0)
     _, _, term, trunc, _ = short.step("search[tea]")
     assert trunc and not term
+
+
+def test_env_config_argument_is_coerced_or_refused_by_name():
+    """envs.base.coerce_config (WebShop's and search QA's __init__): keywords, a dict merged with keywords, or the
+    config class; anything else, or a config class plus keywords, is a TypeError naming the class."""
+    from envs.base import coerce_config
+    from envs.webshop.config import WebShopEnvConfig
+
+    assert coerce_config(WebShopEnvConfig, None, {"num_products": 7}).num_products == 7
+    assert coerce_config(WebShopEnvConfig, {"num_products": 5}, {"num_products": 9}).num_products == 9
+    cfg = WebShopEnvConfig(num_products=3)
+    assert coerce_config(WebShopEnvConfig, cfg, {}) is cfg
+    with pytest.raises(TypeError, match="WebShopEnvConfig or keyword arguments, not both"):
+        coerce_config(WebShopEnvConfig, cfg, {"num_products": 4})
+    with pytest.raises(TypeError, match="config must be a WebShopEnvConfig or a dict, got int"):
+        coerce_config(WebShopEnvConfig, 5, {})

@@ -21,7 +21,7 @@ import random
 import re
 from typing import Any, Dict, List, Mapping, Optional, Set, Tuple, Union
 
-from ..base import BaseLanguageBasedEnv, env_cache_dir
+from ..base import BaseLanguageBasedEnv, coerce_config, env_cache_dir
 from .config import SearchQAEnvConfig, normalize_split
 from .data import Corpus, QAItem, get_corpus, get_questions
 from .retrieval import Retriever, get_retriever
@@ -53,14 +53,7 @@ class SearchQAEnv(BaseLanguageBasedEnv):
     response_format = "raw"
 
     def __init__(self, config: Union[SearchQAEnvConfig, Mapping[str, Any], None] = None, **kwargs: Any) -> None:
-        if config is None:
-            config = SearchQAEnvConfig(**kwargs)
-        elif isinstance(config, Mapping):
-            config = SearchQAEnvConfig.from_dict({**config, **kwargs})
-        elif kwargs:
-            raise TypeError("pass either a SearchQAEnvConfig or keyword arguments, not both")
-        if not isinstance(config, SearchQAEnvConfig):
-            raise TypeError(f"config must be a SearchQAEnvConfig or a dict, got {type(config).__name__}")
+        config = coerce_config(SearchQAEnvConfig, config, kwargs)
         super().__init__(config)
         cfg = config
         cache_dir = env_cache_dir("search_qa") if cfg.cache_dir is None else (cfg.cache_dir or None)

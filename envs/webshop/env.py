@@ -20,7 +20,7 @@ import random
 import re
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
-from ..base import BaseLanguageBasedEnv, check_seed
+from ..base import BaseLanguageBasedEnv, coerce_config, check_seed
 from . import solver
 from .catalog import Catalog, Product, load_catalog
 from .config import WebShopEnvConfig, default_cache_dir, normalize_split
@@ -53,14 +53,7 @@ class WebShopEnv(BaseLanguageBasedEnv):
     instruction: str = INSTRUCTION
 
     def __init__(self, config: Union[WebShopEnvConfig, Mapping[str, Any], None] = None, **kwargs: Any) -> None:
-        if config is None:
-            config = WebShopEnvConfig(**kwargs)
-        elif isinstance(config, Mapping):
-            config = WebShopEnvConfig.from_dict({**config, **kwargs})
-        elif kwargs:
-            raise TypeError("pass either a WebShopEnvConfig or keyword arguments, not both")
-        if not isinstance(config, WebShopEnvConfig):
-            raise TypeError(f"config must be a WebShopEnvConfig or a dict, got {type(config).__name__}")
+        config = coerce_config(WebShopEnvConfig, config, kwargs)
         super().__init__(config)
         cfg = config
         cache_dir = default_cache_dir() if cfg.cache_dir is None else (cfg.cache_dir or None)
