@@ -748,6 +748,47 @@ def test_seed_plan_matches_the_local_env_groups():
 
 
 @needs_verl
+@pytest.mark.parametrize("dp", [1, 2])
+def test_mix_within_ranks_undoes_verls_length_sorted_minibatches_and_keeps_the_balance(dp):
+    """verl's _balance_batch sorts each rank's rows by length, so in-order mini-batches (actor.shuffle=false)
+    hold like lengths; the trainer's mix keeps each rank's rows (the balance) and mixes every mini-batch."""
+    from types import SimpleNamespace
+
+    from verl import DataProto
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+
+    from ragen_turn.engines.verl.trainer import mix_within_ranks
+
+    B, mini, width = 64, 16, 80
+    lengths = torch.randperm(B, generator=torch.Generator().manual_seed(3)) + 10  # distinct, 10..73
+    am = (torch.arange(width)[None, :] < lengths[:, None]).long()
+    batch = DataProto.from_dict(tensors={"attention_mask": am, "row": torch.arange(B)})
+    trainer = SimpleNamespace(actor_rollout_wg=None, _get_dp_size=lambda wg, role: dp)
+    RayPPOTrainer._balance_batch(trainer, batch, metrics={})
+    balanced = batch.batch["row"].clone()
+    short = set(torch.argsort(lengths)[: B // 2].tolist())  # the shorter half of the rows
+
+    def halves(order):  # per in-order mini-batch of each rank: (rows from the short half, rows from the long half)
+        out = []
+        for chunk in order.view(dp, -1):
+            for mb in chunk.view(-1, mini // dp):
+                n_short = sum(int(r) in short for r in mb)
+                out.append((n_short, len(mb) - n_short))
+        return out
+
+    assert any(0 in h for h in halves(balanced))  # verl's order: some mini-batch has no short (or no long) row
+    batch.reorder(mix_within_ranks(B, dp, seed=11))
+    mixed = batch.batch["row"]
+    for before, after in zip(balanced.view(dp, -1), mixed.view(dp, -1)):
+        assert sorted(before.tolist()) == sorted(after.tolist())  # each rank keeps its rows
+    assert all(0 not in h for h in halves(mixed))
+    assert torch.equal(mix_within_ranks(B, dp, seed=11), mix_within_ranks(B, dp, seed=11))
+    assert not torch.equal(mix_within_ranks(B, dp, seed=11), mix_within_ranks(B, dp, seed=12))
+    with pytest.raises(ValueError, match="split evenly"):
+        mix_within_ranks(10, 3, seed=0)
+
+
+@needs_verl
 def test_minibatch_turn_counts_follow_verls_dispatch_and_minibatching():
     """Rows are dispatched to dp ranks by DataProto.chunk and walked by tensordict_utils.make_iterator."""
     from verl import DataProto

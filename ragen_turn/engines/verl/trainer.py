@@ -43,6 +43,7 @@ from verl.utils.metric import reduce_metrics
 
 from ragen_turn.algos import check_turn_ids, place_turn_rewards, turn_boundaries, turn_mask_from_ids
 from ragen_turn.engines.common import compute_advantages, kept_rows, normalized_turn_rewards, turn_critic_targets
+from ragen_turn.engines.runtime import derived_seed
 from ragen_turn.engines.runlog import append_metrics, episode_metrics, progress_line, run_header, truncate_metrics
 from ragen_turn.rollout import EnvSlot, Trajectory
 from ragen_turn.rollout.env_manager import EnvGroupManager
@@ -119,6 +120,22 @@ def to_trajectory(batch: DataProto) -> Trajectory:
     if "values" in batch.batch.keys():
         traj.values = batch.batch["values"].float() * response_mask
     return traj
+
+
+def mix_within_ranks(n: int, dp: int, seed: int) -> torch.Tensor:
+    """A row order ``[n]`` that shuffles each data-parallel rank's contiguous chunk of ``n / dp`` rows in place.
+
+    verl's ``_balance_batch`` gives every rank rows of similar total length, then sorts each rank's rows by
+    length, and the update walks them in that order in mini-batches (``actor.shuffle=false``): every
+    mini-batch holds episodes of like length, which in Sokoban means all solved or all failed. Shuffling
+    within a rank keeps each rank's rows (and so the balance) and gives mixed mini-batches, as the local
+    engine's random ones are.
+    """
+    if dp < 1 or n % dp:
+        raise ValueError(f"{n} rows do not split evenly over {dp} data-parallel ranks")
+    g = torch.Generator().manual_seed(int(seed))
+    size = n // dp
+    return torch.cat([r * size + torch.randperm(size, generator=g) for r in range(dp)])
 
 
 def turn_start_mask(turn_ids: torch.Tensor, turn_mask: torch.Tensor) -> torch.Tensor:
@@ -280,6 +297,9 @@ class StarPOTrainer(RayPPOTrainer):
                 batch = batch.select_idxs(keep)
             if self.config.trainer.balance_batch:
                 self._balance_batch(batch, metrics=metrics)
+            # mixed mini-batches (see mix_within_ranks); each rank keeps its rows
+            batch.reorder(mix_within_ranks(len(batch), self._get_dp_size(self.actor_rollout_wg, "actor"),
+                                           derived_seed(self.rcfg.seed, step, 11)))
             batch = self.score(batch, metrics, timing)
 
             with marked_timer("adv", timing):
