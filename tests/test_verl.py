@@ -754,18 +754,23 @@ def test_mix_within_ranks_undoes_verls_length_sorted_minibatches_and_keeps_the_b
     hold like lengths; the trainer's mix keeps each rank's rows (the balance) and mixes every mini-batch."""
     from types import SimpleNamespace
 
+    from functools import partial
+
     from verl import DataProto
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
-    from ragen_turn.engines.verl.trainer import mix_within_ranks
+    from ragen_turn.engines.verl.trainer import StarPOTrainer, mix_within_ranks
 
     B, mini, width = 64, 16, 80
     lengths = torch.randperm(B, generator=torch.Generator().manual_seed(3)) + 10  # distinct, 10..73
     am = (torch.arange(width)[None, :] < lengths[:, None]).long()
     batch = DataProto.from_dict(tensors={"attention_mask": am, "row": torch.arange(B)})
-    trainer = SimpleNamespace(actor_rollout_wg=None, _get_dp_size=lambda wg, role: dp)
-    RayPPOTrainer._balance_batch(trainer, batch, metrics={})
-    balanced = batch.batch["row"].clone()
+    stub = SimpleNamespace(actor_rollout_wg=None, _get_dp_size=lambda wg, role: dp, rcfg=SimpleNamespace(seed=0),
+                           config=SimpleNamespace(trainer=SimpleNamespace(balance_batch=True)))
+    stub._balance_batch = partial(RayPPOTrainer._balance_batch, stub)
+    balanced_only = DataProto.from_dict(tensors={k: v.clone() for k, v in batch.batch.items()})
+    stub._balance_batch(balanced_only, metrics={})
+    balanced = balanced_only.batch["row"]
     short = set(torch.argsort(lengths)[: B // 2].tolist())  # the shorter half of the rows
 
     def halves(order):  # per in-order mini-batch of each rank: (rows from the short half, rows from the long half)
@@ -777,7 +782,7 @@ def test_mix_within_ranks_undoes_verls_length_sorted_minibatches_and_keeps_the_b
         return out
 
     assert any(0 in h for h in halves(balanced))  # verl's order: some mini-batch has no short (or no long) row
-    batch.reorder(mix_within_ranks(B, dp, seed=11))
+    StarPOTrainer.order_rows(stub, batch, {}, step=3)  # what train_step calls: verl's balancing, then the mix
     mixed = batch.batch["row"]
     for before, after in zip(balanced.view(dp, -1), mixed.view(dp, -1)):
         assert sorted(before.tolist()) == sorted(after.tolist())  # each rank keeps its rows

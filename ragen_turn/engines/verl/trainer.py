@@ -280,6 +280,14 @@ class StarPOTrainer(RayPPOTrainer):
         actor_batch.batch[TURNS_FIELD] = minibatch_turn_counts(traj.turn_mask.sum(dim=1), mini, dp)
         return reduce_metrics(self._update_actor(actor_batch).meta_info["metrics"])
 
+    def order_rows(self, batch: DataProto, metrics: Dict[str, float], step: int) -> None:
+        """The row order the updates walk: verl's ``_balance_batch`` (``trainer.balance_batch``), then each
+        rank's rows shuffled (:func:`mix_within_ranks`), so mini-batches mix short and long episodes."""
+        if self.config.trainer.balance_batch:
+            self._balance_batch(batch, metrics=metrics)
+        dp = self._get_dp_size(self.actor_rollout_wg, "actor")
+        batch.reorder(mix_within_ranks(len(batch), dp, derived_seed(self.rcfg.seed, step, 11)))
+
     def train_step(self) -> Dict[str, float]:
         metrics: Dict[str, float] = {}
         timing: Dict[str, float] = {}
@@ -295,11 +303,7 @@ class StarPOTrainer(RayPPOTrainer):
             keep = kept_rows(traj.group_ids, traj.episode_rewards, r.rollout_filter_ratio, r.rollout_filter_type)
             if len(keep) < len(batch):
                 batch = batch.select_idxs(keep)
-            if self.config.trainer.balance_batch:
-                self._balance_batch(batch, metrics=metrics)
-            # mixed mini-batches (see mix_within_ranks); each rank keeps its rows
-            batch.reorder(mix_within_ranks(len(batch), self._get_dp_size(self.actor_rollout_wg, "actor"),
-                                           derived_seed(self.rcfg.seed, step, 11)))
+            self.order_rows(batch, metrics, step)
             batch = self.score(batch, metrics, timing)
 
             with marked_timer("adv", timing):
