@@ -752,9 +752,8 @@ def test_seed_plan_matches_the_local_env_groups():
 def test_mix_within_ranks_undoes_verls_length_sorted_minibatches_and_keeps_the_balance(dp):
     """verl's _balance_batch sorts each rank's rows by length, so in-order mini-batches (actor.shuffle=false)
     hold like lengths; the trainer's mix keeps each rank's rows (the balance) and mixes every mini-batch."""
-    from types import SimpleNamespace
-
     from functools import partial
+    from types import SimpleNamespace
 
     from verl import DataProto
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer
