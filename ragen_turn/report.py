@@ -38,10 +38,11 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 VAL_SUCCESS, VAL_REWARD = "val/success", "val/reward"
 TRAIN_SUCCESS, TRAIN_REWARD = "env/success", "env/reward"
 CLIP_TOKEN, CLIP_TURN, KL = "actor/clip_frac_token", "actor/clip_frac_turn", "actor/approx_kl"
-STEP_S = "perf/step_s"
+STEP_S, VAL_S = "perf/step_s", "perf/val_s"
 USED_KEYS = (VAL_SUCCESS, VAL_REWARD, TRAIN_SUCCESS, TRAIN_REWARD, CLIP_TOKEN, CLIP_TURN, KL, STEP_S)
 TRAIN_TAIL = 5  # "final train success" = mean over the last TRAIN_TAIL training steps
-ALGO_ORDER = ("grpo", "token_ppo", "bi_level_gae", "turn_ppo", "turn_ppo_geo", "turn_is", "s_ppo", "st_ppo")
+ALGO_ORDER = ("grpo", "token_ppo", "bi_level_gae", "turn_ppo", "turn_ppo_geo", "turn_is", "s_ppo", "st_ppo",
+              "so_ppo", "so_grpo")
 NAN = float("nan")
 
 
@@ -371,7 +372,9 @@ def header_notes(keys: Sequence[str], threshold: float, smooth_window: int) -> L
         "maximum, max over steps; 0 = never fell. Mean ± std over runs.",
         "- **clip token / clip turn**: mean over training steps of the fraction of tokens / turns whose PPO ratio "
         "was clipped (`actor/clip_frac_token`, `actor/clip_frac_turn`). **KL**: mean `actor/approx_kl`.",
-        "- **s/step**: mean wall-clock seconds per training step (`perf/step_s`).",
+        "- **s/step**: mean wall-clock seconds per training step (`perf/step_s`). **wall min** (runs table): the "
+        "minutes a run's logged steps and held-out evaluations took (`perf/step_s` + `perf/val_s`; a resumed run's "
+        "steps from every call; process start, model load and the warm start not included).",
         "- **NaN**: null/NaN values of the metrics above in the group's logs (+ lines that were not JSON).",
         "- **final val pass@k** (when logged): share of held-out env groups (k episodes on one seed, "
         "`es_manager.val.group_size`) with at least one success (`val/pass@k`), at the last evaluation.",
@@ -455,13 +458,22 @@ def markdown_table(groups: Sequence[Tuple[str, List[Run]]], keys: Sequence[str],
     return "\n".join(lines)
 
 
+def wall_minutes(run: Run) -> float:
+    """Minutes the run's logged steps and evaluations took: the sum of ``perf/step_s`` and ``perf/val_s`` (process
+    start, model load and the warm start are not in it). NaN when it logged neither."""
+    vals = [v for key in (STEP_S, VAL_S) for v in run.series(key)[1] if _finite(v)]
+    return sum(vals) / 60 if vals else NAN
+
+
 def runs_table(groups: Sequence[Tuple[str, List[Run]]]) -> str:
-    lines = ["| run | group | seed | status | evals | final val success | NaN | bad lines |", "|" + "---|" * 8]
+    lines = ["| run | group | seed | status | evals | final val success | wall min | NaN | bad lines |",
+             "|" + "---|" * 9]
     for label, runs in groups:
         for r in runs:
             n_eval = len(r.series(VAL_SUCCESS)[0])
             lines.append(f"| `{r.path}` | {label} | {get_key(r.config, 'seed', '?')} | {r.status()} | {n_eval} | "
-                         f"{_fmt(final_eval(r, VAL_SUCCESS))} | {sum(r.nan_counts.values())} | {r.bad_lines} |")
+                         f"{_fmt(final_eval(r, VAL_SUCCESS))} | {_fmt(wall_minutes(r), digits=1)} | "
+                         f"{sum(r.nan_counts.values())} | {r.bad_lines} |")
     return "\n".join(lines)
 
 

@@ -114,6 +114,20 @@ def test_resumed_run_last_line_per_step_wins(tmp_path):
     assert run.series("env/success")[1] == [0.3, 0.4]
 
 
+def test_wall_minutes_per_run(runs_dir, tmp_path):
+    # the logged steps' and evaluations' seconds: 2 steps of 3 s; with evaluations of 30 s and 42 s, 78 s
+    assert report.wall_minutes(report.load_run(runs_dir / "sokoban_grpo_tiny_s1")) == pytest.approx(0.1)
+    rows = [dict(val_row(0, 0.0, 0.0), **{"perf/val_s": 30.0}), train_row(1, 0.1, step_s=3.0),
+            dict(train_row(2, 0.2, step_s=3.0, success=0.5, reward=0.0), **{"perf/val_s": 42.0})]
+    assert report.wall_minutes(report.load_run(write_run(tmp_path, "r", "grpo", 0, rows, total=2))) == \
+        pytest.approx(78 / 60)
+    assert math.isnan(report.wall_minutes(report.load_run(runs_dir / "sokoban_token_ppo_tiny_s0")))
+    text = report.build_report([str(runs_dir)], tmp_path / "o", plots=False)
+    assert "| final val success | wall min | NaN | bad lines |" in text
+    line = next(ln for ln in text.splitlines() if "sokoban_grpo_tiny_s1" in ln)
+    assert line.endswith("| 0.250 | 0.1 | 0 | 1 |")
+
+
 def test_max_drop_and_smoothing():
     assert report.max_drop([0.1, 0.5, 0.2, 0.6, 0.55]) == pytest.approx(0.3)
     assert report.max_drop([0.1, 0.2, 0.3]) == 0.0
