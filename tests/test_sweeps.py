@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 MODEL_DIR = ROOT / "config"  # an existing directory standing in for model.path (configs are only composed here)
 SWEEPS = {  # name -> (overrides as documented in the sweep file, jobs)
     "algos": (["env=sokoban", "+sweep=algos"], 24),
-    "compare": (["env=sokoban", "+setting=long_horizon", "+sweep=compare"], 30),
+    "compare": (["env=sokoban", "+setting=long_horizon", "+sweep=compare"], 35),
     "gamma_lambda": (["env=sokoban", "algo=turn_ppo", "+sweep=gamma_lambda"], 48),
     "batch_design": (["env=sokoban", "algo=turn_ppo", "+sweep=batch_design"], 48),
     "critic_lr": (["env=sokoban", "algo=turn_ppo", "+sweep=critic_lr"], 12),
