@@ -242,6 +242,35 @@ def _loss_inputs(seed, B=5, max_turns=4, max_len=6, scale=0.3):
     return old, logp, adv, mask
 
 
+def test_token_trust_metrics_hand_case():
+    # one turn of two tokens, A = +1: d = (+0.5, -0.5) sums to 0, so the turn's ratio is 1 and nothing is clipped;
+    # token 0's own ratio e^0.5 > 1.28 is outside token PPO's region and still gets gradient under the turn ratio
+    mask = torch.tensor([[1.0, 1.0]])
+    old = torch.zeros(1, 2)
+    logp = torch.tensor([[0.5, -0.5]]).requires_grad_(True)
+    adv = torch.ones(1, 2)
+    _, m = policy_loss("turn_ppo", logp, old, adv, mask, config={"ratio_mode": "sum"})
+    assert m["actor/clip_frac_turn"] == 0.0
+    assert m["actor/token_outside_frac"] == pytest.approx(0.5)
+    assert m["actor/token_outside_kept_frac"] == pytest.approx(0.5)
+    # token PPO clips exactly the tokens that are outside, so it keeps none of them
+    _, m = policy_loss("token_ppo", logp, old, adv, mask)
+    assert m["actor/token_outside_frac"] == pytest.approx(0.5) == m["actor/clip_frac_token"]
+    assert m["actor/token_outside_kept_frac"] == 0.0
+    # a clipped turn keeps none: d = (+0.5, +0.5), turn ratio e^1 > 1.28 with A > 0
+    _, m = policy_loss("turn_ppo", torch.tensor([[0.5, 0.5]]), old, adv, mask, config={"ratio_mode": "sum"})
+    assert m["actor/token_outside_frac"] == pytest.approx(1.0)
+    assert m["actor/token_outside_kept_frac"] == 0.0
+
+
+def test_token_ppo_keeps_no_outside_token():
+    old, logp, adv, mask = _loss_inputs(3, scale=0.6)
+    _, m = policy_loss("token_ppo", logp, old, adv, mask)
+    assert m["actor/token_outside_frac"] > 0.1
+    assert m["actor/token_outside_frac"] == pytest.approx(m["actor/clip_frac_token"])
+    assert m["actor/token_outside_kept_frac"] == 0.0
+
+
 def test_token_ppo_hand_case():
     mask = torch.tensor([[0.0, 1, 1]])
     old = torch.log(torch.tensor([[1.0, 0.5, 0.5]]))

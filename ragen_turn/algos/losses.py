@@ -303,7 +303,27 @@ def loss_from_units(units: LossUnits, settings: LossSettings, apply_clip_bias: b
             if on.any() else 0.0
         metrics["actor/pg_loss"] = float(loss.detach())
         metrics.update(_ratio_metrics(units.token_log_ratio, units.mask))
+        metrics.update(_token_trust_metrics(units, settings, tok_clipped + units.on_tokens(dual.to(units.mask.dtype))))
     return loss, metrics
+
+
+def _token_trust_metrics(units: LossUnits, settings: LossSettings, tok_no_grad: torch.Tensor) -> Dict[str, float]:
+    """How far a loss's units let single tokens leave token PPO's trust region.
+
+    ``actor/token_outside_frac``: share of response tokens whose *own* ratio lies where token PPO would
+    clip them (A_t > 0 and exp(d_t) > 1+high, or A_t < 0 and exp(d_t) < 1-low). ``actor/token_outside_kept_frac``:
+    share of response tokens that are outside so and still get gradient, because the unit they belong to
+    (their turn, under a turn ratio) is not clipped. Token PPO keeps none; a turn ratio can keep many.
+    """
+    on = units.mask.bool()
+    if not on.any():
+        return {"actor/token_outside_frac": 0.0, "actor/token_outside_kept_frac": 0.0}
+    d, A = units.token_log_ratio.detach(), units.token_advantages
+    outside = ((A > 0) & (d > math.log1p(settings.clip_high))) | ((A < 0) & (d < math.log1p(-settings.clip_low)))
+    outside = outside & on
+    kept = outside & (tok_no_grad == 0)
+    return {"actor/token_outside_frac": float(outside[on].float().mean()),
+            "actor/token_outside_kept_frac": float(kept[on].float().mean())}
 
 
 def _turn_share(tok_flag: torch.Tensor, units: LossUnits) -> float:
