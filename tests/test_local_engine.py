@@ -49,7 +49,8 @@ def test_every_algo_runs_two_steps(algo, tmp_path):
     lines = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [l["step"] for l in lines] == [0, 1, 2]
     for key in ("env/reward", "env/success", "actor/clip_frac_token", "actor/clip_frac_turn", "actor/approx_kl",
-                "adv/mean", "perf/tokens_per_s", "perf/step_s", "val/success"):
+                "adv/mean", "response_length/capped_turn_frac", "actor/token_outside_frac", "perf/tokens_per_s",
+                "perf/step_s", "val/success"):
         assert key in lines[-1], key
     assert math.isfinite(lines[-1]["actor/pg_loss"])
     if cfg.critic.level != "none":
@@ -374,6 +375,22 @@ def test_eval_checkpoint_schema(tmp_path):
     assert m["episodes"] == 2 and 0.0 <= m["val/success"] <= 1.0
     table = format_table(m, "x")
     assert table.splitlines()[0].startswith("| model | episodes | success")
+
+
+def test_advantage_metrics_split_capped_turns():
+    from ragen_turn.engines.common import advantage_metrics
+
+    # row 0: turn 0 has 3 tokens (the cap), turn 1 has 1; row 1: one turn of 2 tokens; -1 = env / padding
+    turn_ids = torch.tensor([[0, 0, 0, -1, 1, -1], [-1, 0, 0, -1, -1, -1]])
+    mask = (turn_ids >= 0).float()
+    adv = torch.tensor([[1.0, 2.0, 3.0, 9.0, -1.0, 9.0], [9.0, -2.0, 0.0, 9.0, 9.0, 9.0]])
+    m = advantage_metrics(adv, mask, turn_ids, response_length=3)
+    assert m["response_length/capped_turn_frac"] == pytest.approx(1 / 3)
+    assert m["adv/capped_turn_mean"] == pytest.approx(2.0)  # (1 + 2 + 3) / 3
+    assert m["adv/other_turn_mean"] == pytest.approx((-1.0 + -1.0) / 2)  # turns with means -1 and -1
+    assert m["adv/mean"] == pytest.approx((1 + 2 + 3 - 1 - 2 + 0) / 6)
+    none_capped = advantage_metrics(adv, mask, turn_ids, response_length=4)
+    assert none_capped["response_length/capped_turn_frac"] == 0.0 and "adv/capped_turn_mean" not in none_capped
 
 
 def test_starpo_s_group_filter_keeps_top_groups_by_std_or_mean():

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from ragen_turn.algos import get_adv_estimator_fn, turn_start_values
+from ragen_turn.algos import get_adv_estimator_fn, num_turns, turn_start_values, turn_sums, turn_token_counts
 from ragen_turn.config import kept_group_count
 from ragen_turn.rollout import Trajectory
 
@@ -95,3 +95,35 @@ def turn_critic_targets(batch: Trajectory) -> None:
     H = batch.turn_mask.shape[1]
     batch.turn_values = turn_start_values(batch.values, batch.turn_ids, H)
     batch.turn_returns = turn_start_values(batch.returns, batch.turn_ids, H)
+
+
+def advantage_metrics(advantages: torch.Tensor, response_mask: torch.Tensor, turn_ids: torch.Tensor,
+                      response_length: int) -> dict:
+    """Both engines' ``adv/*`` metrics of one batch (``[B, T]`` tensors).
+
+    ``adv/mean``, ``adv/std``: over response tokens. A turn that sampled ``response_length`` tokens hit the
+    per-turn cap (its answer was cut): ``response_length/capped_turn_frac`` is their share of turns, and
+    ``adv/capped_turn_mean`` / ``adv/other_turn_mean`` the mean turn advantage (the mean over its tokens) of
+    capped and of other turns (left out when the batch has no such turn). A capped mean near or above the other
+    turns' says the advantage does not penalise cut answers.
+    """
+    on = response_mask.bool()
+    adv = advantages[on]
+    out = {"adv/mean": float(adv.mean()) if adv.numel() else 0.0,
+           "adv/std": float(adv.std()) if adv.numel() > 1 else 0.0}
+    H = num_turns(turn_ids)
+    if H == 0:
+        return out
+    counts = turn_token_counts(turn_ids, H)
+    present = counts > 0
+    turn_adv = turn_sums(torch.where(on, advantages, torch.zeros_like(advantages)).float(), turn_ids, H) \
+        / counts.clamp(min=1)
+    capped = present & (counts >= response_length)
+    other = present & ~capped
+    out["response_length/capped_turn_frac"] = float(capped.sum()) / max(int(present.sum()), 1)
+    if capped.any():
+        out["adv/capped_turn_mean"] = float(turn_adv[capped].mean())
+    if other.any():
+        out["adv/other_turn_mean"] = float(turn_adv[other].mean())
+    return out
+

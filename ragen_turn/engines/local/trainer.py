@@ -42,7 +42,7 @@ from ragen_turn.algos import (
 )
 from ragen_turn.config import model_config, policy_loss_config, validate_config
 from ragen_turn.engines import checkpoints as ckpt
-from ragen_turn.engines.common import compute_advantages, kept_rows, turn_critic_targets
+from ragen_turn.engines.common import advantage_metrics, compute_advantages, kept_rows, turn_critic_targets
 from ragen_turn.engines.rundir import (
     DiskFull,
     TrainingStopped,
@@ -434,7 +434,8 @@ class StarPOTrainer:
         self.score(batch)
         self.compute_advantages(batch)
         adv = batch.advantages[batch.response_mask.bool()]
-        metrics["adv/mean"], metrics["adv/std"] = float(adv.mean()), float(adv.std()) if adv.numel() > 1 else 0.0
+        metrics.update(advantage_metrics(batch.advantages, batch.response_mask, batch.turn_ids,
+                                         self.cfg.actor_rollout_ref.rollout.response_length))
         if not torch.isfinite(adv).all():
             self.nonfinite_in_a_row += 1
             self.log(f"[warn] step {self.step + 1}: non-finite advantages, update skipped")

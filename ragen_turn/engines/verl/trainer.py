@@ -42,7 +42,8 @@ from verl.utils.debug import marked_timer
 from verl.utils.metric import reduce_metrics
 
 from ragen_turn.algos import check_turn_ids, place_turn_rewards, turn_boundaries, turn_mask_from_ids
-from ragen_turn.engines.common import compute_advantages, kept_rows, normalized_turn_rewards, turn_critic_targets
+from ragen_turn.engines.common import (advantage_metrics, compute_advantages, kept_rows, normalized_turn_rewards,
+                                      turn_critic_targets)
 from ragen_turn.engines.runtime import derived_seed
 from ragen_turn.engines.runlog import append_metrics, episode_metrics, progress_line, run_header, truncate_metrics
 from ragen_turn.rollout import EnvSlot, Trajectory
@@ -310,8 +311,8 @@ class StarPOTrainer(RayPPOTrainer):
                 traj = to_trajectory(batch)  # after filtering / balancing: same rows as the batch
                 self.compute_advantages(batch, traj)
                 adv = batch.batch["advantages"][batch.batch["response_mask"].bool()]
-                metrics["adv/mean"] = float(adv.mean()) if adv.numel() else 0.0
-                metrics["adv/std"] = float(adv.std()) if adv.numel() > 1 else 0.0
+                metrics.update(advantage_metrics(batch.batch["advantages"], batch.batch["response_mask"],
+                                                 traj.turn_ids, self.rcfg.actor_rollout_ref.rollout.response_length))
             if not torch.isfinite(adv).all():
                 raise RuntimeError(f"step {step}: non-finite advantages (check the rewards and the critic)")
             if self.use_critic:
