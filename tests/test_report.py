@@ -295,3 +295,22 @@ def test_interval_section_without_scipy(runs_dir, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "scipy", None)
     text = report.build_report([str(runs_dir)], tmp_path / "out", plots=False)
     assert "Skipped: scipy is not installed" in text and "| algo.name | runs | init" in text
+
+
+def test_window_means_script(tmp_path):
+    import importlib.util
+    import os
+
+    spec = importlib.util.spec_from_file_location(
+        "window_means", os.path.join(os.path.dirname(__file__), "..", "scripts", "window_means.py"))
+    wm = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(wm)
+    run = tmp_path / "run_a"
+    run.mkdir()
+    rows = [{"step": 0, "val/success": 0.1}] + [{"step": s, "actor/entropy": float(s)} for s in range(1, 7)] \
+        + [{"step": 6, "val/success": 0.25}]
+    (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    got = wm.window_means(wm.read_metrics(str(run)), "actor/entropy", wm.parse_windows("1-5,6-10,11-20"))
+    assert got == [3.0, 6.0, None]
+    out = wm.table([str(run)], ["actor/entropy"], wm.parse_windows("1-5,6"), digits=1)
+    assert out.splitlines()[-1] == "| run_a | 3.0 / 6.0 | 0.250 |"
