@@ -1009,7 +1009,7 @@ def test_fit_with_fake_workers(model_dir, tmp_path, algo, monkeypatch):
     assert "val/success" in lines[0] and "val/success" in lines[2] and "val/success" not in lines[1]
     assert last["env/kept_episodes"] == 4.0  # 8 episodes, top half of the groups
     assert {"env/reward", "adv/mean", "actor/entropy", "perf/step_s", "response_length/mean", "actor/clip_frac_turn",
-            "actor/approx_kl"} <= set(last)
+            "actor/approx_kl", "response_length/capped_turn_frac"} <= set(last)
     if algo == "turn_ppo":
         assert {"critic/value_loss", "critic/vf_clipfrac"} <= set(last)
     assert (tmp_path / "config.yaml").exists()
