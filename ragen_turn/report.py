@@ -7,8 +7,9 @@ a sweep directory such as ``runs/sweep_gamma_lambda``, or ``runs/``), groups the
 - ``results.md``: one Markdown table row per group, every column defined in a note above the table,
   then one line per run (status, last step, NaN count);
 - ``success.png``, ``reward.png``, ``clip_kl.png``: learning curves, one line per group (mean over seeds,
-  shaded +-1 std over seeds). matplotlib is optional: without it the table is still written and the
-  report says the plots were skipped.
+  shaded +-1 std over seeds); ``stability.png`` (when the runs log them): policy entropy, format-error rate and
+  sampled tokens per episode, where a drift of the policy shows first. matplotlib is optional: without it the
+  table is still written and the report says the plots were skipped.
 - an "Interval estimates" section (with scipy, the ``stats`` extra): per group the interquartile mean over its runs
   and a 95% stratified bootstrap CI of the final and best held-out success, steps to the threshold, the collapse
   measure (and RAGEN-2's MI when logged), ``intervals.png``, and the probability that one group's run beats
@@ -39,6 +40,7 @@ VAL_SUCCESS, VAL_REWARD = "val/success", "val/reward"
 TRAIN_SUCCESS, TRAIN_REWARD = "env/success", "env/reward"
 CLIP_TOKEN, CLIP_TURN, KL = "actor/clip_frac_token", "actor/clip_frac_turn", "actor/approx_kl"
 STEP_S, VAL_S = "perf/step_s", "perf/val_s"
+ENTROPY, FORMAT_ERRORS, RESPONSE_TOKENS = "actor/entropy", "env/format_error_rate", "env/response_tokens"
 USED_KEYS = (VAL_SUCCESS, VAL_REWARD, TRAIN_SUCCESS, TRAIN_REWARD, CLIP_TOKEN, CLIP_TURN, KL, STEP_S)
 TRAIN_TAIL = 5  # "final train success" = mean over the last TRAIN_TAIL training steps
 ALGO_ORDER = ("grpo", "token_ppo", "bi_level_gae", "turn_ppo", "turn_ppo_geo", "turn_is", "s_ppo", "st_ppo",
@@ -504,7 +506,8 @@ def _curve(runs: Sequence[Run], key: str, smooth_window: int = 1) -> Tuple[List[
 
 
 def write_plots(groups: Sequence[Tuple[str, List[Run]]], out: Path, smooth_window: int = 1) -> List[str]:
-    """success.png, reward.png, clip_kl.png under ``out``. Returns the file names; ImportError without matplotlib."""
+    """success.png, reward.png, clip_kl.png and (when logged) stability.png under ``out``. Returns the file names;
+    ImportError without matplotlib."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -519,6 +522,11 @@ def write_plots(groups: Sequence[Tuple[str, List[Run]]], out: Path, smooth_windo
                         (CLIP_TURN, "clip fraction, turns", smooth_window),
                         (KL, "approx KL (actor/approx_kl)", smooth_window)],
     }
+    stability = [(ENTROPY, "policy entropy (actor/entropy)", smooth_window),
+                 (FORMAT_ERRORS, "format-error rate (env/format_error_rate)", smooth_window),
+                 (RESPONSE_TOKENS, "sampled tokens per episode (env/response_tokens)", smooth_window)]
+    if any(r.series(key)[0] for _, runs in groups for r in runs for key, _, _ in stability):
+        figures["stability.png"] = stability
     written = []
     for name, panels in figures.items():
         fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)

@@ -314,3 +314,17 @@ def test_window_means_script(tmp_path):
     assert got == [3.0, 6.0, None]
     out = wm.table([str(run)], ["actor/entropy"], wm.parse_windows("1-5,6"), digits=1)
     assert out.splitlines()[-1] == "| run_a | 3.0 / 6.0 | 0.250 |"
+
+
+def test_stability_plot_only_when_logged(runs_dir, tmp_path):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "o"
+    report.build_report([str(runs_dir / "sokoban_turn_ppo_tiny_s0")], out)
+    assert not (out / "stability.png").exists()  # the fixture's runs log no entropy, format errors or lengths
+    rows = [val_row(0, 0.25, 0.0)] + [dict(train_row(s, 0.5), **{"actor/entropy": 0.1 * s,
+                                                                  "env/format_error_rate": 0.05 * s,
+                                                                  "env/response_tokens": 100.0 + s})
+                                      for s in range(1, 5)]
+    run = write_run(tmp_path / "r", "sokoban_st_ppo_tiny_s0", "st_ppo", 0, rows)
+    text = report.build_report([str(run)], out)
+    assert (out / "stability.png").stat().st_size > 1000 and "[stability.png](stability.png)" in text
