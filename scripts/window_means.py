@@ -3,37 +3,31 @@
     python scripts/window_means.py RUN_DIR [...] [--keys actor/entropy,actor/approx_kl] [--windows 1-5,6-10,11-20]
 
 Each cell is ``a / b / c``: the mean of the key over the logged training steps in each window (``-`` where the
-window has none). The last column is the ``val/success`` of the run's last held-out evaluation.
+window has none). The last column is the ``val/success`` of the run's last held-out evaluation. Runs are read
+with ``ragen_turn.report.load_run`` (one row per step, the last line of a repeated step wins).
 """
 from __future__ import annotations
 
 import argparse
-import json
+import math
 import os
-from typing import Dict, List, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
+
+from ragen_turn.report import VAL_SUCCESS, Run, final_eval, load_run
 
 DEFAULT_KEYS = ("actor/entropy", "actor/approx_kl", "actor/token_outside_kept_frac", "actor/clip_frac_turn",
                 "env/format_error_rate", "response_length/capped_turn_frac", "adv/capped_turn_mean",
                 "adv/other_turn_mean", "env/response_tokens")
 
 
-def read_metrics(run_dir: str) -> List[Dict[str, float]]:
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
-def window_means(rows: Sequence[Dict[str, float]], key: str, windows: Sequence[Tuple[int, int]]) -> List[float | None]:
-    """Mean of ``key`` over the rows whose ``step`` lies in each inclusive window (None: no such row)."""
-    out: List[float | None] = []
+def window_means(run: Run, key: str, windows: Sequence[Tuple[int, int]]) -> List[Optional[float]]:
+    """Mean of ``key``'s finite values over the steps in each inclusive window (None: no such value)."""
+    steps, vals = run.series(key)
+    out: List[Optional[float]] = []
     for a, b in windows:
-        xs = [r[key] for r in rows if key in r and a <= r.get("step", -1) <= b]
+        xs = [v for s, v in zip(steps, vals) if a <= s <= b and math.isfinite(v)]
         out.append(sum(xs) / len(xs) if xs else None)
     return out
-
-
-def last_val_success(rows: Sequence[Dict[str, float]]) -> float | None:
-    vals = [r["val/success"] for r in rows if "val/success" in r]
-    return vals[-1] if vals else None
 
 
 def parse_windows(text: str) -> List[Tuple[int, int]]:
@@ -49,12 +43,12 @@ def table(run_dirs: Sequence[str], keys: Sequence[str], windows: Sequence[Tuple[
     lines = [f"| run | {' | '.join(keys)} | val/success |", "|" + "---|" * (len(keys) + 2),
              f"| (steps) | {' | '.join([span] * len(keys))} | last |"]
     for d in run_dirs:
-        rows = read_metrics(d)
-        cells = [" / ".join("-" if v is None else f"{v:.{digits}f}" for v in window_means(rows, k, windows))
+        run = load_run(d)
+        cells = [" / ".join("-" if v is None else f"{v:.{digits}f}" for v in window_means(run, k, windows))
                  for k in keys]
-        val = last_val_success(rows)
+        val = final_eval(run, VAL_SUCCESS)
         lines.append(f"| {os.path.basename(os.path.normpath(d))} | {' | '.join(cells)} | "
-                     f"{'-' if val is None else f'{val:.3f}'} |")
+                     f"{'-' if not math.isfinite(val) else f'{val:.3f}'} |")
     return "\n".join(lines)
 
 

@@ -305,13 +305,13 @@ def test_window_means_script(tmp_path):
         "window_means", os.path.join(os.path.dirname(__file__), "..", "scripts", "window_means.py"))
     wm = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(wm)
-    run = tmp_path / "run_a"
-    run.mkdir()
-    rows = [{"step": 0, "val/success": 0.1}] + [{"step": s, "actor/entropy": float(s)} for s in range(1, 7)] \
-        + [{"step": 6, "val/success": 0.25}]
-    (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    got = wm.window_means(wm.read_metrics(str(run)), "actor/entropy", wm.parse_windows("1-5,6-10,11-20"))
-    assert got == [3.0, 6.0, None]
+    # one line per step, as the trainers write it; step 6 also holds an evaluation, step 3's entropy is null
+    rows = [{"step": 0, "val/success": 0.1}] + [{"step": s, "actor/entropy": float(s)} for s in range(1, 6)] \
+        + [{"step": 6, "actor/entropy": 6.0, "val/success": 0.25}]
+    rows[3]["actor/entropy"] = None
+    run = write_run(tmp_path, "run_a", "st_ppo", 0, rows)
+    got = wm.window_means(report.load_run(run), "actor/entropy", wm.parse_windows("1-5,6-10,11-20"))
+    assert got == [(1 + 2 + 4 + 5) / 4, 6.0, None]
     out = wm.table([str(run)], ["actor/entropy"], wm.parse_windows("1-5,6"), digits=1)
     assert out.splitlines()[-1] == "| run_a | 3.0 / 6.0 | 0.250 |"
 

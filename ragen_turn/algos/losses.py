@@ -199,6 +199,12 @@ class LossUnits:
         return torch.where(self.unit_ids >= 0, out, torch.zeros_like(out))
 
 
+def clip_region(log_ratio: torch.Tensor, advantages: torch.Tensor, clip_low: float, clip_high: float) -> torch.Tensor:
+    """Where PPO's clip takes the gradient away: A > 0 and w > 1+high, or A < 0 and w < 1-low (bool, same shape)."""
+    return ((advantages > 0) & (log_ratio > math.log1p(clip_high))) | \
+        ((advantages < 0) & (log_ratio < math.log1p(-clip_low)))
+
+
 def ppo_objective(terms: PPOTerms, clip_low: float, clip_high: float,
                   clip_c: Optional[float] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-unit clipped surrogate with dual clip, and which units it clips.
@@ -214,7 +220,7 @@ def ppo_objective(terms: PPOTerms, clip_low: float, clip_high: float,
     lw = terms.log_ratio  # the masks read the uncapped ratio (w itself stops at the cap)
     unclipped = -w * A
     clipped_val = -w.clamp(1.0 - clip_low, 1.0 + clip_high) * A
-    clipped = ((A > 0) & (lw > math.log1p(clip_high))) | ((A < 0) & (lw < math.log1p(-clip_low)))
+    clipped = clip_region(lw, A, clip_low, clip_high)
     per_unit = torch.where(clipped, clipped_val, unclipped)  # == max(unclipped, clipped_val)
     if clip_c is None:
         return per_unit, clipped, torch.zeros_like(clipped)
@@ -319,8 +325,7 @@ def _token_trust_metrics(units: LossUnits, settings: LossSettings, tok_no_grad: 
     if not on.any():
         return {"actor/token_outside_frac": 0.0, "actor/token_outside_kept_frac": 0.0}
     d, A = units.token_log_ratio.detach(), units.token_advantages
-    outside = ((A > 0) & (d > math.log1p(settings.clip_high))) | ((A < 0) & (d < math.log1p(-settings.clip_low)))
-    outside = outside & on
+    outside = clip_region(d, A, settings.clip_low, settings.clip_high) & on
     kept = outside & (tok_no_grad == 0)
     return {"actor/token_outside_frac": float(outside[on].float().mean()),
             "actor/token_outside_kept_frac": float(kept[on].float().mean())}
