@@ -327,6 +327,7 @@ class ModelConfig:
     tie_word_embeddings: Optional[bool] = key(None)
     seed: Optional[int] = key(None, **NON_NEGATIVE)
     tokenizer_corpus: Optional[str] = key(None, choices=("agents", "search_qa"))  # model=tiny's tokenizer text
+    copy_pretrain_steps: Optional[int] = key(None, **NON_NEGATIVE)  # model=tiny: synthetic copy task after init
     warmstart: WarmstartConfig = section(WarmstartConfig)
 
 

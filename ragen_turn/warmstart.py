@@ -153,6 +153,8 @@ def warmstart_key(cfg: DictConfig, tokenizer: Any) -> str:
     for k, default in (("lr_schedule", "constant"), ("warmup_steps", 0)):  # the defaults keep earlier caches' keys
         if model["warmstart"].get(k, default) == default:
             model["warmstart"].pop(k, None)
+    if not model.get("copy_pretrain_steps"):
+        model.pop("copy_pretrain_steps", None)
     parts = {
         "version": WARMSTART_VERSION,
         "model": model,

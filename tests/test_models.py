@@ -365,3 +365,64 @@ def test_smollm2_loads_and_exports(smollm2, tmp_path):
     with torch.no_grad():
         gen = model.generate(**enc, max_new_tokens=8, do_sample=False)
     assert "Paris" in tok.decode(gen[0, enc.input_ids.shape[1]:])
+
+
+# ------------------------------------------------------------------------------------------------ copy pretraining
+def test_copy_batch_repeats_its_span_and_scores_the_predictable_repeat(tiny):
+    import random
+
+    from ragen_turn.models.copy_pretrain import copy_batch, ordinary_token_ids
+
+    _, tok, _ = tiny
+    pool = ordinary_token_ids(tok)
+    ids, am, lm = copy_batch(random.Random(0), pool, 64, span=(4, 24), max_gap=30, pad_id=tok.pad_token_id)
+    assert ids.shape == am.shape == lm.shape and ids.shape[0] == 64
+    for b in range(64):
+        n = int(am[b].sum())
+        assert am[b, :n].all() and not am[b, n:].any()            # right-padded
+        scored = lm[b].nonzero().flatten().tolist()
+        span = len(scored) + 1                                    # the repeat's first token is not scored
+        start = scored[0] - 1
+        assert 4 <= span <= 24 and 0 <= start - span <= 30 and start + span == n
+        assert scored == list(range(start + 1, n))
+        assert ids[b, start:n].tolist() == ids[b, :span].tolist()
+        assert set(ids[b, :n].tolist()) <= set(pool)
+
+
+def test_ordinary_token_ids_leave_out_special_and_added_tokens(tiny):
+    from ragen_turn.models.copy_pretrain import ordinary_token_ids
+
+    _, tok, _ = tiny
+    pool = set(ordinary_token_ids(tok))
+    for t in ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>", "<answer>", "</answer>"]:
+        assert tok.convert_tokens_to_ids(t) not in pool
+    assert len(pool) == len(tok) - 7 and tok.convert_tokens_to_ids("ĠUp") in pool
+
+
+def test_copy_pretraining_is_part_of_the_tiny_build_deterministic_and_keyed(tiny_cache, tmp_path):
+    small = {"name": "tiny", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1}
+    plain, _ = load_model_and_tokenizer({**small, "cache_dir": str(tiny_cache)})
+    from ragen_turn.models.copy_pretrain import copy_pretrain
+
+    pre, _ = load_model_and_tokenizer({**small, "cache_dir": str(tiny_cache), "copy_pretrain_steps": 3})
+    again, _ = load_model_and_tokenizer({**small, "cache_dir": str(tmp_path), "copy_pretrain_steps": 3})
+    sd0, sd1, sd2 = plain.state_dict(), pre.state_dict(), again.state_dict()
+    assert any(not torch.equal(sd0[k], sd1[k]) for k in sd0)              # trained after init
+    assert all(torch.equal(sd1[k], sd2[k]) for k in sd1)                  # the same build anywhere
+    d0 = resolve_model_path({**small, "cache_dir": str(tiny_cache)})
+    d1 = resolve_model_path({**small, "cache_dir": str(tiny_cache), "copy_pretrain_steps": 3})
+    assert d0 != d1                                                       # its own cache entry
+    # 0 steps is the plain model: the same directory (and hash) as before the key existed
+    assert resolve_model_path({**small, "cache_dir": str(tiny_cache), "copy_pretrain_steps": 0}) == d0
+    assert tiny_mod.config_hash(tiny_mod.tiny_config({"copy_pretrain_steps": 0})) == \
+        tiny_mod.config_hash(tiny_mod.tiny_config({}))
+    # it reports its progress and its losses
+    lines = []
+    stats = copy_pretrain(plain, _tok_of(d0), 2, seed=0, log=lines.append)
+    assert lines and "copy pretraining step 2/2" in lines[-1] and stats["copy_nll_last"] > 0
+
+
+def _tok_of(path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)

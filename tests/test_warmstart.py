@@ -28,6 +28,9 @@ def test_key_and_seed_pinning():
     # anything that changes the SFT changes the key
     assert warmstart_key(micro_config(WS + ["model.warmstart.steps=31"]), tok) != warmstart_key(per_seed[0], tok)
     assert warmstart_key(micro_config(WS + ["agent_proxy.max_turn=4"]), tok) != warmstart_key(per_seed[0], tok)
+    # the model it starts from: a copy-pretrained tiny model is another start; 0 steps is the plain model's key
+    assert warmstart_key(micro_config(WS + ["model.copy_pretrain_steps=5"]), tok) != warmstart_key(per_seed[0], tok)
+    assert warmstart_key(micro_config(WS + ["model.copy_pretrain_steps=0"]), tok) == warmstart_key(per_seed[0], tok)
 
 
 def test_sweeps_pin_the_warm_start():

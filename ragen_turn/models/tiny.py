@@ -70,6 +70,7 @@ DEFAULT_CONFIG: dict[str, Any] = {
     "tie_word_embeddings": True,
     "rope_theta": 10000.0,
     "seed": 0,
+    "copy_pretrain_steps": 0,         # steps of the synthetic copy task after init (ragen_turn.models.copy_pretrain)
 }
 
 
@@ -397,7 +398,7 @@ def tiny_config(model_cfg: Mapping[str, Any] | None = None) -> dict[str, Any]:
         if model_cfg is not None and model_cfg.get(k) is not None:
             cfg[k] = model_cfg.get(k)
     for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-              "intermediate_size", "max_position_embeddings", "seed"):
+              "intermediate_size", "max_position_embeddings", "seed", "copy_pretrain_steps"):
         cfg[k] = int(cfg[k])
     cfg["tie_word_embeddings"] = bool(cfg["tie_word_embeddings"])
     cfg["tokenizer_corpus"] = str(cfg["tokenizer_corpus"])
@@ -413,14 +414,18 @@ def tiny_config(model_cfg: Mapping[str, Any] | None = None) -> dict[str, Any]:
 
 def config_hash(cfg: Mapping[str, Any]) -> str:
     cfg = dict(cfg)
-    if cfg.get("tokenizer_corpus", "agents") == "agents":  # the default keeps the hash it had before the key existed
+    # defaults keep the hash they had before their key existed
+    if cfg.get("tokenizer_corpus", "agents") == "agents":
         cfg.pop("tokenizer_corpus", None)
+    if not cfg.get("copy_pretrain_steps", 0):
+        cfg.pop("copy_pretrain_steps", None)
     blob = json.dumps({**cfg, "tokenizer_version": TOKENIZER_VERSION, "vocab_size": VOCAB_SIZE}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
-def build_model(cfg: Mapping[str, Any], tokenizer):
-    """A randomly initialised causal LM (float32) for `cfg` (see `tiny_config`), seeded with `cfg['seed']`."""
+def build_model(cfg: Mapping[str, Any], tokenizer, log=print):
+    """The causal LM (float32) for `cfg` (see `tiny_config`): randomly initialised, seeded with `cfg['seed']`, then
+    `cfg['copy_pretrain_steps']` steps of the synthetic copy task (`ragen_turn.models.copy_pretrain`) when > 0."""
     import torch
     from transformers import GenerationConfig
 
@@ -442,4 +447,8 @@ def build_model(cfg: Mapping[str, Any], tokenizer):
         model = Model(config).float()
     model.generation_config = GenerationConfig(
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None)
+    if cfg.get("copy_pretrain_steps", 0) > 0:
+        from .copy_pretrain import copy_pretrain
+
+        copy_pretrain(model, tokenizer, cfg["copy_pretrain_steps"], seed=cfg["seed"], log=log)
     return model.eval()
