@@ -328,6 +328,7 @@ class ModelConfig:
     seed: Optional[int] = key(None, **NON_NEGATIVE)
     tokenizer_corpus: Optional[str] = key(None, choices=("agents", "search_qa"))  # model=tiny's tokenizer text
     copy_pretrain_steps: Optional[int] = key(None, **NON_NEGATIVE)  # model=tiny: synthetic copy task after init
+    rl_lr: Optional[float] = key(None, gt=0)  # model=tiny: its RL actor lr (actor_rollout_ref.actor.optim.lr reads it)
     warmstart: WarmstartConfig = section(WarmstartConfig)
 
 

@@ -2,7 +2,9 @@
 # The algorithm comparison on one setting (docs/results/<setting>.md): ALGOS x SEEDS runs of config/sweep/compare.yaml
 # from ONE warm start (built once, first: ragen_turn.warmstart.build), PARALLEL runs at a time on one thread each; every run resumable.
 #
-#   bash scripts/compare.sh <setting> [overrides...]                     # setting: config/setting/<setting>.yaml
+#   bash scripts/compare.sh <setting> [overrides...]     # a Sokoban setting (config/setting/<setting>.yaml)
+#   bash scripts/compare.sh <env> [overrides...]         # or another env at its defaults (config/env/<env>.yaml)
+#   ALGOS="token_ppo s_ppo st_ppo turn_ppo grpo so_grpo" SEEDS="0 1 2" bash scripts/compare.sh search_qa
 #   flock /work/locks/heavy.lock nice -n 5 bash scripts/compare.sh long_horizon     # on a shared machine
 #   python -m ragen_turn.report runs/compare/sokoban_<setting>_* --out docs/results/<setting> --threshold T
 #
@@ -16,11 +18,17 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ $# -lt 1 ]; then
-  echo "usage: bash scripts/compare.sh <setting: $(ls config/setting | sed 's/\.yaml$//' | tr '\n' ' ')> [overrides]" >&2
+  echo "usage: bash scripts/compare.sh <setting: $(ls config/setting | sed 's/\.yaml$//' | tr '\n' ' ')| env: search_qa webshop> [overrides]" >&2
   exit 2
 fi
 SETTING=$1; shift
-[ -f "config/setting/$SETTING.yaml" ] || { echo "no config/setting/$SETTING.yaml" >&2; exit 2; }
+if [ -f "config/setting/$SETTING.yaml" ]; then
+  TARGET=(env=sokoban "+setting=$SETTING")
+elif [ "$SETTING" != sokoban ] && [ -f "config/env/$SETTING.yaml" ]; then
+  TARGET=("env=$SETTING")
+else
+  echo "no config/setting/$SETTING.yaml or config/env/$SETTING.yaml" >&2; exit 2
+fi
 PY=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
 if [ -z "${ALGOS:-}" ]; then
   ALGOS=""
@@ -30,7 +38,7 @@ if [ -z "${ALGOS:-}" ]; then
 fi
 SEEDS=${SEEDS:-0 1 2 3 4}
 PARALLEL=${PARALLEL:-2}
-COMMON=(env=sokoban "+setting=$SETTING" +sweep=compare trainer.resume=true "$@")
+COMMON=("${TARGET[@]}" +sweep=compare trainer.resume=true "$@")
 [ -n "${BUDGET_S:-}" ] && COMMON+=("trainer.time_budget_s=$BUDGET_S")
 ROOT=${RAGEN_TURN_RUNS_DIR:-runs}/compare
 mkdir -p "$ROOT"
