@@ -155,6 +155,7 @@ def warmstart_key(cfg: DictConfig, tokenizer: Any) -> str:
             model["warmstart"].pop(k, None)
     if not model.get("copy_pretrain_steps"):
         model.pop("copy_pretrain_steps", None)
+    model.pop("rl_lr", None)  # the RL actor's lr: not part of the warm start
     parts = {
         "version": WARMSTART_VERSION,
         "model": model,

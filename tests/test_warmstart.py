@@ -31,6 +31,7 @@ def test_key_and_seed_pinning():
     # the model it starts from: a copy-pretrained tiny model is another start; 0 steps is the plain model's key
     assert warmstart_key(micro_config(WS + ["model.copy_pretrain_steps=5"]), tok) != warmstart_key(per_seed[0], tok)
     assert warmstart_key(micro_config(WS + ["model.copy_pretrain_steps=0"]), tok) == warmstart_key(per_seed[0], tok)
+    assert warmstart_key(micro_config(WS + ["model.rl_lr=1e-5"]), tok) == warmstart_key(per_seed[0], tok)  # RL only
 
 
 def test_sweeps_pin_the_warm_start():
