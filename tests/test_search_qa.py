@@ -237,6 +237,22 @@ def test_generator_script_reproduces_shipped_data(tmp_path):
     assert [r["contents"] for r in other] != [r["contents"] for r in corpus[: len(other)]]
 
 
+def test_generator_scales_past_the_two_syllable_names():
+    """About 24k two-syllable names exist and every world takes 11 of them: 2500 worlds (50k passages) used to spin
+    forever looking for a new one (the 1M-passage benchmark never finished). Names widen by a syllable instead,
+    stay unique, and the first 150 worlds still have the shipped text."""
+    from ragen_turn.envs.search_qa.kb import Names, generate
+
+    corpus, _ = generate(countries=2500, seed=0, with_questions=False)
+    titles = [r["contents"].split("\n", 1)[0].lower() for r in corpus]
+    assert len(corpus) == 2500 * 20 and len(set(titles)) == len(titles)
+    names = Names(random.Random(0))
+    drawn = [names.word(2, 2) for _ in range(30000)]  # more than the two-syllable names there are
+    assert len(set(drawn)) == 30000 and max(map(len, drawn)) > 5 >= max(map(len, drawn[:1000]))
+    shipped = _read_gz(os.path.join(SHIPPED_DATA_DIR, "corpus.jsonl.gz"))  # same text (splits depend on the count)
+    assert [r["contents"] for r in corpus[:3000]] == [r["contents"] for r in shipped]
+
+
 @pytest.mark.parametrize("split", ["val", "test"])
 def test_expert_scores_exact_match_on_every_held_out_question(env_val, split):
     env = env_val

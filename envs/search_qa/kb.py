@@ -46,20 +46,32 @@ COMPANY_SUFFIX = ["Works", "Company", "Press", "Mills", "Brothers", "Trading", "
 class Names:
     """Unique syllable names (no name is reused anywhere in the knowledge base)."""
 
+    MAX_MISSES = 64  # draws in a row that hit used names before a length range gets one more syllable
+
     def __init__(self, rng: random.Random):
         self.rng = rng
         self.used: set = set()
+        self.widen: Dict[Tuple[int, int], int] = {}  # (lo, hi) -> extra syllables, once its names run out
 
     def word(self, lo: int = 2, hi: int = 3) -> str:
+        """A new name of lo..hi syllables. About 24k two-syllable names exist: a knowledge base of thousands of
+        worlds (the 1M-passage benchmark) uses them up, and from then on that range draws one syllable more (for
+        the shipped 150 worlds this never happens, so their text does not depend on it)."""
         rng = self.rng
+        misses = 0
         while True:
-            n = rng.randint(lo, hi)
+            extra = self.widen.get((lo, hi), 0)
+            n = rng.randint(lo + extra, hi + extra)
             w = "".join(rng.choice(ONSETS) + rng.choice(VOWELS) + (rng.choice(CODAS) if i == n - 1 else "")
                         for i in range(n))
             w = w.capitalize()
             if w.lower() not in self.used:
                 self.used.add(w.lower())
                 return w
+            misses += 1
+            if misses >= self.MAX_MISSES:
+                self.widen[(lo, hi)] = extra + 1
+                misses = 0
 
     def person(self) -> str:
         while True:
