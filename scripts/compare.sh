@@ -18,7 +18,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ $# -lt 1 ]; then
-  echo "usage: bash scripts/compare.sh <setting: $(ls config/setting | sed 's/\.yaml$//' | tr '\n' ' ')| env: search_qa webshop> [overrides]" >&2
+  echo "usage: bash scripts/compare.sh <setting: $(ls config/setting | sed 's/\.yaml$//' | tr '\n' ' ')| env: $(ls config/env | sed 's/\.yaml$//' | grep -vx sokoban | tr '\n' ' ')> [overrides]" >&2
   exit 2
 fi
 SETTING=$1; shift

@@ -401,7 +401,7 @@ def test_ordinary_token_ids_leave_out_special_and_added_tokens(tiny):
 
 def test_copy_pretraining_is_part_of_the_tiny_build_deterministic_and_keyed(tiny_cache, tmp_path):
     small = {"name": "tiny", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1}
-    plain, _ = load_model_and_tokenizer({**small, "cache_dir": str(tiny_cache)})
+    plain, tok = load_model_and_tokenizer({**small, "cache_dir": str(tiny_cache)})
     from ragen_turn.models.copy_pretrain import copy_pretrain
 
     pre, _ = load_model_and_tokenizer({**small, "cache_dir": str(tiny_cache), "copy_pretrain_steps": 3})
@@ -418,11 +418,5 @@ def test_copy_pretraining_is_part_of_the_tiny_build_deterministic_and_keyed(tiny
         tiny_mod.config_hash(tiny_mod.tiny_config({}))
     # it reports its progress and its losses
     lines = []
-    stats = copy_pretrain(plain, _tok_of(d0), 2, seed=0, log=lines.append)
+    stats = copy_pretrain(plain, tok, 2, seed=0, log=lines.append)
     assert lines and "copy pretraining step 2/2" in lines[-1] and stats["copy_nll_last"] > 0
-
-
-def _tok_of(path):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(path)
