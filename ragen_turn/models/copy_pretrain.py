@@ -69,8 +69,6 @@ def copy_pretrain(model: torch.nn.Module, tokenizer: Any, steps: int, seed: int 
                   log: Callable[[str], None] = print) -> Dict[str, float]:
     """``steps`` AdamW steps of the copy task on ``model`` (in place, on its device); returns the NLL of the first
     and last 10 steps and the seconds taken. Deterministic in ``seed``."""
-    from ragen_turn.engines.runlog import eta
-
     rng = random.Random(seed)
     token_ids = ordinary_token_ids(tokenizer)
     device = next(model.parameters()).device
@@ -91,8 +89,9 @@ def copy_pretrain(model: torch.nn.Module, tokenizer: Any, steps: int, seed: int 
             if step in (1, steps) or step % max(1, steps // 10) == 0 or time.time() - shown >= 30:
                 shown = time.time()
                 recent = losses[-max(1, steps // 10):]
+                left = (shown - t0) / step * (steps - step)  # (models/ may not import engines/: no runlog.eta)
                 log(f"[tiny] copy pretraining step {step}/{steps}  nll {sum(recent) / len(recent):.3f}  "
-                    f"{eta(step, steps, shown - t0)}")
+                    f"{shown - t0:.0f}s, ETA {left:.0f}s")
     model.eval()
     return {"copy_nll_first": sum(losses[:10]) / max(1, len(losses[:10])),
             "copy_nll_last": sum(losses[-10:]) / max(1, len(losses[-10:])), "seconds": time.time() - t0}
