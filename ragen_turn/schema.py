@@ -308,6 +308,7 @@ class WarmstartConfig:
     actions_per_turn: List[int] = key(nonempty=True, each=Rule(ge=1))
     think: str = key("plan", choices=("plan", "state_plan"))  # the <think> of demonstrations (agent_proxy.enable_think)
     fit_turn_budget: bool = key(False)  # each answer gives at least ceil(solution left / turns left) actions
+    actions_as_shown: bool = key(False)  # demonstrations write each action as the page shows it (env.as_shown)
 
 
 @dataclass
@@ -328,6 +329,8 @@ class ModelConfig:
     seed: Optional[int] = key(None, **NON_NEGATIVE)
     tokenizer_corpus: Optional[str] = key(None, choices=("agents", "search_qa"))  # model=tiny's tokenizer text
     copy_pretrain_steps: Optional[int] = key(None, **NON_NEGATIVE)  # model=tiny: synthetic copy task after init
+    copy_pretrain_max_gap: Optional[int] = key(None, **NON_NEGATIVE)  # its longest span-to-repeat distance
+    copy_pretrain_small_alphabet: Optional[float] = key(None, ge=0.0, le=1.0)  # its rows drawn from a few tokens
     rl_lr: Optional[float] = key(None, gt=0)  # model=tiny: its RL actor lr (actor_rollout_ref.actor.optim.lr reads it)
     warmstart: WarmstartConfig = section(WarmstartConfig)
 

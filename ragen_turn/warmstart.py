@@ -91,7 +91,9 @@ THINK_FORMATS = {
 def demo_responder(cfg: DictConfig, seed: int):
     """``respond(slot) -> str``: the next 1..k solver actions in the answer format (``k`` drawn from
     ``warmstart.actions_per_turn``; with ``warmstart.fit_turn_budget`` at least ``ceil(solution left / turns
-    left)``, so a demonstration finishes within ``agent_proxy.max_turn`` whenever the solution allows)."""
+    left)``, so a demonstration finishes within ``agent_proxy.max_turn`` whenever the solution allows). With
+    ``warmstart.actions_as_shown`` each action is written as the page shows it (``env.as_shown``: WebShop's
+    ``click[B0ABC12345]`` where its solver says ``click[b0abc12345]``), which a model copies from the page."""
     ws = cfg.model.warmstart
     apt = ws.actions_per_turn
     lo, hi = (apt, apt) if isinstance(apt, int) else (int(apt[0]), int(apt[-1]))
@@ -100,6 +102,7 @@ def demo_responder(cfg: DictConfig, seed: int):
     think = THINK_FORMATS[ws.get("think", "plan")] if cfg.agent_proxy.enable_think else None
 
     fit = bool(ws.get("fit_turn_budget", False))
+    as_shown = bool(ws.get("actions_as_shown", False))
     turns_taken: Dict[int, int] = {}  # answers given so far per slot (one episode per slot)
 
     def respond(slot: EnvSlot) -> str:
@@ -118,6 +121,11 @@ def demo_responder(cfg: DictConfig, seed: int):
             k = max(k, min(cap, -(-len(plan) // max(1, int(cfg.agent_proxy.max_turn) - turn))))
         names = [_action_name(env, a) for a in plan]
         actions = names[:k] or [_action_name(env, env.get_all_actions()[0])]
+        if as_shown:
+            if not callable(getattr(env, "as_shown", None)):
+                raise ValueError(f"model.warmstart.actions_as_shown=true needs env.as_shown(action), and "
+                                 f"{type(env).__name__} has none: set it to false for this env")
+            actions = [env.as_shown(a) for a in actions]
         body = f"<answer>{sep.join(actions)}</answer>"
         if think is not None:
             body = f"<think>{think(env, actions, names)}</think>" + body
@@ -150,11 +158,14 @@ def warmstart_key(cfg: DictConfig, tokenizer: Any) -> str:
     model = OmegaConf.to_container(cfg.model, resolve=True)
     model["warmstart"].pop("seed", None)  # counted once, as "seed" below
     model["warmstart"].pop("enable", None)  # whether it runs, not what it trains
-    for k, default in (("lr_schedule", "constant"), ("warmup_steps", 0)):  # the defaults keep earlier caches' keys
+    for k, default in (("lr_schedule", "constant"), ("warmup_steps", 0), ("actions_as_shown", False)):  # the defaults keep earlier caches' keys
         if model["warmstart"].get(k, default) == default:
             model["warmstart"].pop(k, None)
     if not model.get("copy_pretrain_steps"):
         model.pop("copy_pretrain_steps", None)
+    for k, default in (("copy_pretrain_max_gap", 30), ("copy_pretrain_small_alphabet", 0.0)):
+        if model.get(k, default) == default:  # the defaults keep earlier caches' keys
+            model.pop(k, None)
     model.pop("rl_lr", None)  # the RL actor's lr: not part of the warm start
     parts = {
         "version": WARMSTART_VERSION,

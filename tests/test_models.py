@@ -389,6 +389,30 @@ def test_copy_batch_repeats_its_span_and_scores_the_predictable_repeat(tiny):
         assert set(ids[b, :n].tolist()) <= set(pool)
 
 
+def test_copy_batch_small_alphabet_rows_and_long_gaps(tiny):
+    """small_alphabet: that fraction of rows uses a few distinct ids (4-24, so one previous token is ambiguous);
+    max_gap bounds the distance; at small_alphabet=0 the batches are those of earlier versions (no extra draws)."""
+    import random
+
+    from ragen_turn.models.copy_pretrain import copy_batch, ordinary_token_ids
+
+    _, tok, _ = tiny
+    pool = ordinary_token_ids(tok)
+    ids, am, lm = copy_batch(random.Random(1), pool, 200, max_gap=200, pad_id=tok.pad_token_id, small_alphabet=0.5)
+    small, gaps = 0, []
+    for b in range(200):
+        n = int(am[b].sum())
+        scored = lm[b].nonzero().flatten().tolist()
+        span, start = len(scored) + 1, scored[0] - 1
+        assert ids[b, start:n].tolist() == ids[b, :span].tolist()
+        gaps.append(start - span)
+        small += len(set(ids[b, :n].tolist())) <= 24
+    assert 60 <= small <= 140 and max(gaps) <= 200 and max(gaps) > 150
+    old = copy_batch(random.Random(2), pool, 16, max_gap=30, pad_id=tok.pad_token_id)
+    new = copy_batch(random.Random(2), pool, 16, max_gap=30, pad_id=tok.pad_token_id, small_alphabet=0.0)
+    assert all(torch.equal(a, b) for a, b in zip(old, new))
+
+
 def test_ordinary_token_ids_leave_out_special_and_added_tokens(tiny):
     from ragen_turn.models.copy_pretrain import ordinary_token_ids
 
@@ -416,6 +440,12 @@ def test_copy_pretraining_is_part_of_the_tiny_build_deterministic_and_keyed(tiny
     assert resolve_model_path({**small, "cache_dir": str(tiny_cache), "copy_pretrain_steps": 0}) == d0
     assert tiny_mod.config_hash(tiny_mod.tiny_config({"copy_pretrain_steps": 0})) == \
         tiny_mod.config_hash(tiny_mod.tiny_config({}))
+    # the task's knobs at their defaults keep the hash; changed, they key their own build; with no steps, nothing
+    h = lambda **kw: tiny_mod.config_hash(tiny_mod.tiny_config(kw))  # noqa: E731
+    assert h(copy_pretrain_steps=5, copy_pretrain_max_gap=30, copy_pretrain_small_alphabet=0.0) == h(copy_pretrain_steps=5)
+    assert h(copy_pretrain_steps=5, copy_pretrain_max_gap=200) != h(copy_pretrain_steps=5)
+    assert h(copy_pretrain_steps=5, copy_pretrain_small_alphabet=0.5) != h(copy_pretrain_steps=5)
+    assert h(copy_pretrain_steps=0, copy_pretrain_max_gap=200) == h()
     # it reports its progress and its losses
     lines = []
     stats = copy_pretrain(plain, tok, 2, seed=0, log=lines.append)

@@ -112,6 +112,29 @@ def test_state_plan_think_restates_the_grid_and_plans_ahead():
         warmstart_enabled(micro_config(["model.warmstart.think=free"]))
 
 
+def test_actions_as_shown_writes_webshop_ids_as_the_page_shows_them():
+    """model.warmstart.actions_as_shown=true (env=webshop): demonstrations click products by the ASIN as the page
+    prints it (capitals, copyable), not WebShop's lower-case label, and still buy the goal; the option is part of
+    the cache key only when on (earlier keys stay), and an env with no as_shown() is refused by name."""
+    import re
+
+    pytest.importorskip("bm25s")
+    tok = tiny_tokenizer()
+    base = ["env=webshop", "es_manager.train.env_groups=1", "agent_proxy.max_turn=9",
+            "actor_rollout_ref.rollout.response_length=32"]
+    plain = collect_demonstrations(micro_config(base), tok, 4, seed=1)
+    shown = collect_demonstrations(micro_config(base + ["model.warmstart.actions_as_shown=true"]), tok, 4, seed=1)
+    assert bool(shown.success.all()) and bool(plain.success.all())
+    clicks = lambda demos: [c for e in demos.episodes for t in e.texts for c in re.findall(r"click\[(b0\w{8})\]", t, re.I)]
+    assert clicks(plain) and all(c == c.lower() for c in clicks(plain))
+    assert clicks(shown) and all(c == c.upper() for c in clicks(shown))
+    assert [c.lower() for c in clicks(shown)] == clicks(plain)
+    assert warmstart_key(micro_config(base), tok) == warmstart_key(micro_config(base + ["model.warmstart.actions_as_shown=false"]), tok)
+    assert warmstart_key(micro_config(base), tok) != warmstart_key(micro_config(base + ["model.warmstart.actions_as_shown=true"]), tok)
+    with pytest.raises(ValueError, match="actions_as_shown"):
+        collect_demonstrations(micro_config(["model.warmstart.actions_as_shown=true"]), tok, 2, seed=1)
+
+
 def test_build_makes_the_warm_start_once(tmp_path, monkeypatch):
     """warmstart.build(cfg) makes the warm start those runs will load (scripts/compare.sh calls it before its
     parallel runs); a second call loads it; a config without a warm start gives None."""

@@ -246,6 +246,7 @@ def test_json_stream_offsets(tmp_path):
 
 # ---------------------------------------------------------------------------------------------- search
 def test_search_finds_exact_titles_and_caches(cache_dir):
+    clear_search_cache()  # an engine an earlier test built (with another cache_dir) would be handed back
     cat = load_catalog(SHIPPED_DATA_DIR)
     eng = get_search_engine(cat, cache_dir=cache_dir)
     ranks = []
@@ -470,6 +471,33 @@ def test_solve_plans_from_the_search_page(make):
         assert env.turns == 0 and env.page == "search" and env.solve() == plan  # solve() does not step the env
     with pytest.raises(RuntimeError, match="reset"):
         make().solve()
+
+
+def test_as_shown_writes_the_label_as_the_page_does_and_is_the_same_action(make):
+    """as_shown maps each planned click to the page's own text (ASINs in capitals, "Buy Now"); stepping the shown
+    form does exactly what the lower-case form does (labels match case-insensitively), so the expert still scores
+    1.0; searches and unknown labels come back unchanged."""
+    env = make(split="train", observation_mode="compact")
+    for seed in range(5):
+        env.reset(seed=seed)
+        assert env.as_shown("search[red shoes]") == "search[red shoes]"
+        while not env.done:
+            action = env.solve()[0]
+            shown = env.as_shown(action)
+            assert shown.lower() == action
+            if action.startswith("click["):
+                label = shown[len("click["):-1]
+                assert label in env.render().splitlines() or any(l.startswith(label + " ") for l in env.render().splitlines())
+            if action == f"click[{env.goal['asin'].lower()}]":
+                assert shown == f"click[{env.goal['asin']}]" != action
+            if action == "click[buy now]":
+                assert shown == "click[Buy Now]"
+            _, r, done, info = env.step(shown)
+            assert info["action_is_valid"]
+        assert r == 1.0
+    env.reset(seed=0)
+    assert env.as_shown("click[b0notthere1]") == "click[b0notthere1]"
+    assert env.as_shown("nonsense") == "nonsense"
 
 
 def test_solve_step_by_step_scores_one_on_20_goals(make):

@@ -71,6 +71,7 @@ class WebShopEnv(BaseLanguageBasedEnv):
         self.done = False
         self._obs = ""
         self._clickables: Dict[str, Tuple[str, Any]] = {}
+        self._shown: Dict[str, str] = {}  # clickable label -> its text on the page
         self._solve_cache: Optional[Tuple[Any, Any]] = None  # (goal key, (target, plan from the search page))
 
     # ------------------------------------------------------------------ goals
@@ -154,6 +155,16 @@ class WebShopEnv(BaseLanguageBasedEnv):
 
     def get_all_actions(self) -> List[str]:
         return self.get_available_actions()
+
+    def as_shown(self, action: str) -> str:
+        """``action`` with its click label written as the current page shows it (``click[b0abc12345]`` ->
+        ``click[B0ABC12345]``, ``click[buy now]`` -> ``click[Buy Now]``): the same action, since labels match
+        case-insensitively, in the form a model can copy from the page. Other actions come back unchanged."""
+        m = _ACTION_RE.match(action) if isinstance(action, str) else None
+        if m is None or m.group(1).lower() != "click":
+            return action
+        shown = self._shown.get(" ".join(m.group(2).lower().split()))
+        return action if shown is None else f"{m.group(1)}[{shown}]"
 
     # ------------------------------------------------------------------ expert planner
     def solve(self) -> Optional[List[str]]:
@@ -264,9 +275,11 @@ class WebShopEnv(BaseLanguageBasedEnv):
         compact = cfg.observation_mode == "compact"
         segs: List[str] = []
         click: Dict[str, Tuple[str, Any]] = {}
+        shown: Dict[str, str] = {}
 
         def button(text: str, key: str, target: Tuple[str, Any], selected: bool = False) -> None:
             click[key] = target
+            shown[key] = text
             if rich:
                 segs.append(f"[clicked button] {text} [clicked button_]" if selected else f"[button] {text} [button_]")
             else:
@@ -346,6 +359,7 @@ class WebShopEnv(BaseLanguageBasedEnv):
             segs += ["Your score (min 0.0, max 1.0)", f"{self._reward:.4f}"]
         # option labels must not shadow navigation: navigation keys were inserted first and are kept
         self._clickables = click
+        self._shown = shown
         text = ("\n" if rich or compact else " [SEP] ").join(s for s in segs if s != "")
         if cfg.show_available_actions:
             actions = self.get_available_actions()

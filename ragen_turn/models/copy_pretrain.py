@@ -13,6 +13,12 @@ trained with next-token loss on the repeat (from its second token on; its first 
 1000 steps (batch 32) before its SFT, the same model gets the first search right (teacher-forced exact match)
 for 98% of validation questions after 400 SFT steps (`model.copy_pretrain_steps`).
 
+Two knobs make the task look like copying an ID out of a long page (WebShop: ``click[B0ABC12345]`` from a results
+list 100-300 tokens back, ten IDs all starting ``B0``): ``max_gap`` (`model.copy_pretrain_max_gap`) sets how far back
+the span may be, and ``small_alphabet`` (`model.copy_pretrain_small_alphabet`) is the fraction of rows whose span and
+gap are drawn from a random set of 4-24 tokens, so the previous token alone no longer says where to copy from and
+the model has to match on several.
+
 Only ordinary BPE tokens are drawn (no special or added tokens), so the task teaches no chat or tag structure.
 Shapes: B = batch, T = tokens.
 """
@@ -27,7 +33,8 @@ import torch
 BATCH_SIZE = 32
 LR = 1e-3
 SPAN = (4, 24)       # tokens in the span to repeat
-MAX_GAP = 30         # random tokens between the span and its repeat
+MAX_GAP = 30         # random tokens between the span and its repeat (default of model.copy_pretrain_max_gap)
+ALPHABET = (4, 24)   # tokens in a small-alphabet row's token set
 
 
 def ordinary_token_ids(tokenizer: Any) -> List[int]:
@@ -37,13 +44,19 @@ def ordinary_token_ids(tokenizer: Any) -> List[int]:
 
 
 def copy_batch(rng: random.Random, token_ids: List[int], batch_size: int, span: Tuple[int, int] = SPAN,
-               max_gap: int = MAX_GAP, pad_id: int = 0) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+               max_gap: int = MAX_GAP, pad_id: int = 0, small_alphabet: float = 0.0,
+               ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One batch of the copy task, right-padded: ``(input_ids[B,T], attention_mask[B,T], loss_mask[B,T])``;
-    ``loss_mask`` marks the tokens of the repeat that can be predicted (all but its first)."""
+    ``loss_mask`` marks the tokens of the repeat that can be predicted (all but its first). A ``small_alphabet``
+    fraction of rows draws its tokens from a random set of 4-24 ids (with 0, no extra random draws: the batches of
+    earlier versions)."""
     rows = []
     for _ in range(batch_size):
-        s = [rng.choice(token_ids) for _ in range(rng.randint(*span))]
-        gap = [rng.choice(token_ids) for _ in range(rng.randint(0, max_gap))]
+        ids = token_ids
+        if small_alphabet > 0 and rng.random() < small_alphabet:
+            ids = rng.sample(token_ids, rng.randint(*ALPHABET))
+        s = [rng.choice(ids) for _ in range(rng.randint(*span))]
+        gap = [rng.choice(ids) for _ in range(rng.randint(0, max_gap))]
         rows.append((s + gap + s, len(s) + len(gap)))
     T = max(len(x) for x, _ in rows)
     input_ids = torch.full((batch_size, T), pad_id, dtype=torch.long)
@@ -66,7 +79,8 @@ def copy_nll(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: to
 
 
 def copy_pretrain(model: torch.nn.Module, tokenizer: Any, steps: int, seed: int = 0,
-                  log: Callable[[str], None] = print) -> Dict[str, float]:
+                  log: Callable[[str], None] = print, max_gap: int = MAX_GAP,
+                  small_alphabet: float = 0.0) -> Dict[str, float]:
     """``steps`` AdamW steps of the copy task on ``model`` (in place, on its device); returns the NLL of the first
     and last 10 steps and the seconds taken. Deterministic in ``seed``."""
     rng = random.Random(seed)
@@ -79,7 +93,9 @@ def copy_pretrain(model: torch.nn.Module, tokenizer: Any, steps: int, seed: int 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         for step in range(1, steps + 1):
-            batch = [t.to(device) for t in copy_batch(rng, token_ids, BATCH_SIZE, pad_id=tokenizer.pad_token_id)]
+            batch = [t.to(device) for t in copy_batch(rng, token_ids, BATCH_SIZE, max_gap=max_gap,
+                                                                  pad_id=tokenizer.pad_token_id,
+                                                                  small_alphabet=small_alphabet)]
             loss = copy_nll(model, *batch)
             opt.zero_grad(set_to_none=True)
             loss.backward()

@@ -71,6 +71,8 @@ DEFAULT_CONFIG: dict[str, Any] = {
     "rope_theta": 10000.0,
     "seed": 0,
     "copy_pretrain_steps": 0,         # steps of the synthetic copy task after init (ragen_turn.models.copy_pretrain)
+    "copy_pretrain_max_gap": 30,      # its longest distance between a span and its repeat
+    "copy_pretrain_small_alphabet": 0.0,  # its fraction of rows drawn from a few tokens (IDs: match on several)
 }
 
 
@@ -398,8 +400,9 @@ def tiny_config(model_cfg: Mapping[str, Any] | None = None) -> dict[str, Any]:
         if model_cfg is not None and model_cfg.get(k) is not None:
             cfg[k] = model_cfg.get(k)
     for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-              "intermediate_size", "max_position_embeddings", "seed", "copy_pretrain_steps"):
+              "intermediate_size", "max_position_embeddings", "seed", "copy_pretrain_steps", "copy_pretrain_max_gap"):
         cfg[k] = int(cfg[k])
+    cfg["copy_pretrain_small_alphabet"] = float(cfg["copy_pretrain_small_alphabet"])
     cfg["tie_word_embeddings"] = bool(cfg["tie_word_embeddings"])
     cfg["tokenizer_corpus"] = str(cfg["tokenizer_corpus"])
     if cfg["tokenizer_corpus"] not in TOKENIZER_CORPORA:
@@ -417,8 +420,12 @@ def config_hash(cfg: Mapping[str, Any]) -> str:
     # defaults keep the hash they had before their key existed
     if cfg.get("tokenizer_corpus", "agents") == "agents":
         cfg.pop("tokenizer_corpus", None)
-    if not cfg.get("copy_pretrain_steps", 0):
-        cfg.pop("copy_pretrain_steps", None)
+    if not cfg.get("copy_pretrain_steps", 0):  # no copy task: its knobs change nothing
+        for k in ("copy_pretrain_steps", "copy_pretrain_max_gap", "copy_pretrain_small_alphabet"):
+            cfg.pop(k, None)
+    for k in ("copy_pretrain_max_gap", "copy_pretrain_small_alphabet"):
+        if cfg.get(k) == DEFAULT_CONFIG[k]:
+            cfg.pop(k, None)
     blob = json.dumps({**cfg, "tokenizer_version": TOKENIZER_VERSION, "vocab_size": VOCAB_SIZE}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
@@ -450,5 +457,6 @@ def build_model(cfg: Mapping[str, Any], tokenizer, log=print):
     if cfg.get("copy_pretrain_steps", 0) > 0:
         from .copy_pretrain import copy_pretrain
 
-        copy_pretrain(model, tokenizer, cfg["copy_pretrain_steps"], seed=cfg["seed"], log=log)
+        copy_pretrain(model, tokenizer, cfg["copy_pretrain_steps"], seed=cfg["seed"], log=log,
+                      max_gap=cfg["copy_pretrain_max_gap"], small_alphabet=cfg["copy_pretrain_small_alphabet"])
     return model.eval()
