@@ -291,6 +291,7 @@ class TrainerConfig:
     keep_checkpoints: int = key(**NON_NEGATIVE)  # 0 = keep all
     collapse_freq: int = key(**NON_NEGATIVE)  # 0 = never
     collapse_num_samples: Optional[int] = key(None, ge=2)  # null = all
+    log_val_generations: int = key(0, **NON_NEGATIVE)  # held-out episodes written as text per eval (verl's key)
     n_gpus_per_node: Optional[int] = key(None, **COUNT)  # engine=verl
     nnodes: Optional[int] = key(None, **COUNT)
 

@@ -276,6 +276,31 @@ def test_resume_after_kill_matches_uninterrupted_run(tmp_path):
         assert torch.allclose(p1, p2, atol=1e-6)
 
 
+def test_log_val_generations_writes_held_out_episodes_and_resume_truncates_them(tmp_path):
+    """trainer.log_val_generations=N: every held-out eval appends its first N episodes, decoded, to
+    val_generations.jsonl with their step, seed, reward and success; a resume keeps the lines up to its step."""
+    common = ["algo=grpo", "trainer.log_val_generations=2", "trainer.test_freq=1", "trainer.save_freq=1",
+              "trainer.total_training_steps=2"]
+    tr = build_trainer(micro_config(common, run_dir=tmp_path), log=_quiet)
+    tr.fit()
+    path = tmp_path / "val_generations.jsonl"
+    rows = [json.loads(l) for l in path.read_text().splitlines()]
+    metrics = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 0, 1, 1, 2, 2]
+    for r in rows:
+        assert set(r) == {"step", "tag", "env_seed", "reward", "success", "text"}
+        assert r["text"].count("<|im_start|>assistant") >= 1 and "Turn 1" in r["text"]
+        assert r["tag"] in tr.cfg.es_manager.val.env_configs.tags
+    assert [r["env_seed"] for r in rows[:2]] == [r["env_seed"] for r in rows[2:4]]  # the same held-out seeds
+    assert all(m["val/reward"] is not None for m in metrics)
+    # resumed from step 1: the step-2 lines go, and the run writes them again
+    resumed = build_trainer(micro_config(common + ["trainer.resume=true", "trainer.resume_from=step_000001"],
+                                         run_dir=tmp_path), log=_quiet)
+    assert resumed.step == 1 and [json.loads(l)["step"] for l in path.read_text().splitlines()] == [0, 0, 1, 1]
+    resumed.fit()
+    assert [json.loads(l)["step"] for l in path.read_text().splitlines()] == [0, 0, 1, 1, 2, 2]
+
+
 def test_gradient_checkpointing_gives_the_same_gradients(tmp_path):
     grads = {}
     for gc in (False, True):

@@ -988,7 +988,7 @@ def test_fit_with_fake_workers(model_dir, tmp_path, algo, monkeypatch):
                        "actor_rollout_ref.rollout.rollout_filter_ratio=0.5", "ppo_mini_batch_size=2",
                        "trainer.total_training_steps=2", "trainer.save_freq=1", "trainer.test_freq=2",
                        f"trainer.default_local_dir={tmp_path}", "es_manager.val.env_groups=2",
-                       "engine.verl.agent_num_workers=8")
+                       "engine.verl.agent_num_workers=8", "trainer.log_val_generations=1")
     cls = TRAINERS[vcfg.ragen.algo.trainer]
     tok = omega_conf_to_dataclass(vcfg.actor_rollout_ref.model).tokenizer
     t = cls(config=vcfg, tokenizer=tok, role_worker_mapping={Role.ActorRollout: object},
@@ -1007,6 +1007,8 @@ def test_fit_with_fake_workers(model_dir, tmp_path, algo, monkeypatch):
     lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines] == [0, 1, 2]
     assert "val/success" in lines[0] and "val/success" in lines[2] and "val/success" not in lines[1]
+    gens = [json.loads(x) for x in (tmp_path / "val_generations.jsonl").read_text().splitlines()]
+    assert [g["step"] for g in gens] == [0, 2] and all("<|im_start|>assistant" in g["text"] for g in gens)
     assert last["env/kept_episodes"] == 4.0  # 8 episodes, top half of the groups
     assert {"env/reward", "adv/mean", "actor/entropy", "perf/step_s", "response_length/mean", "actor/clip_frac_turn",
             "actor/approx_kl", "response_length/capped_turn_frac"} <= set(last)

@@ -124,6 +124,19 @@ def append_metrics(path: Path, metrics: Mapping[str, Any]) -> None:
         f.write(json.dumps(clean, sort_keys=True) + "\n")
 
 
+GENERATIONS_FILE = "val_generations.jsonl"  # trainer.log_val_generations: held-out episodes as text, per eval
+
+
+def write_generations(path: Path, step: int, episodes: List[Any], texts: List[str]) -> None:
+    """``trainer.log_val_generations``: episodes of the held-out evaluation at ``step`` with their decoded text
+    (prompts and responses), one JSON line each (``step``, ``tag``, ``env_seed``, ``reward``, ``success``,
+    ``text``), appended to ``path`` (``val_generations.jsonl`` in the run dir; a resume truncates it like
+    ``metrics.jsonl``)."""
+    for e, text in zip(episodes, texts):
+        append_metrics(path, {"step": step, "tag": e.tag, "env_seed": e.env_seed, "reward": e.total_reward,
+                              "success": bool(e.success), "text": text})
+
+
 def read_metrics(path: Path, log: Callable[[str], None] = print) -> List[Dict[str, Any]]:
     """The lines of ``metrics.jsonl`` as dicts. A torn last line (a crash mid-write) is dropped with a warning
     naming the file; an unreadable line before the last raises ``ValueError`` naming the file and line."""

@@ -60,6 +60,8 @@ from ragen_turn.engines.runlog import (
     run_header,
     run_summary,
     truncate_metrics,
+    write_generations,
+    GENERATIONS_FILE,
 )
 from ragen_turn.engines.runtime import derived_seed, pick_device, seed_everything
 from ragen_turn.models import CriticModel, load_model_and_tokenizer, logprobs_and_hidden, sequence_logprobs
@@ -71,17 +73,20 @@ from .sampler import LocalSampler
 
 @torch.no_grad()
 def evaluate_policy(model, tokenizer, cfg: DictConfig, envs: EnvGroupManager, device, prefix: str = "val",
-                    log=None) -> Dict[str, float]:
+                    log=None, on_batch=None) -> Dict[str, float]:
     """Play every env of ``envs`` (held-out seeds for ``val``) once at ``rollout.val_temperature``.
 
-    ``log`` (optional) gets one progress line per turn."""
+    ``log`` (optional) gets one progress line per turn; ``on_batch`` (optional) gets the episodes' ``Trajectory``."""
     model.eval()
     r = cfg.actor_rollout_ref.rollout
     sampler = LocalSampler(model, tokenizer, temperature=r.val_temperature, top_p=1.0 if r.val_temperature else r.top_p,
                            device=device, generator=torch.Generator().manual_seed(int(cfg.seed)),
                            micro_batch_size=r.micro_batch_size, prefix_cache=r.prefix_cache)
     episodes = run_episodes(envs.assign_seeds(cfg.seed, 0), sampler, ChatFormatter(tokenizer), context_config(cfg), log=log)
-    return episode_metrics(Trajectory.from_episodes(episodes, tokenizer.pad_token_id), prefix)
+    batch = Trajectory.from_episodes(episodes, tokenizer.pad_token_id)
+    if on_batch is not None:
+        on_batch(batch)
+    return episode_metrics(batch, prefix)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -157,6 +162,7 @@ class StarPOTrainer:
         if cfg.trainer.resume:
             self.load_checkpoint()
         truncate_metrics(self.metrics_path, self.step, log=log)  # fresh run: fresh log; resumed: lines <= step
+        truncate_metrics(self.out_dir / GENERATIONS_FILE, self.step, log=log)
         atomic_write_text(self.out_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
 
     # -------------------------------------------------------------------------------- rollout
@@ -457,8 +463,14 @@ class StarPOTrainer:
         return metrics
 
     def evaluate(self, envs: Optional[EnvGroupManager] = None, prefix: str = "val") -> Dict[str, float]:
+        n = int(self.cfg.trainer.get("log_val_generations") or 0)
+        keep = None
+        if n and prefix == "val":
+            keep = lambda batch: write_generations(  # noqa: E731
+                self.out_dir / GENERATIONS_FILE, self.step, batch.episodes[:n],
+                [self.tokenizer.decode(e.token_ids) for e in batch.episodes[:n]])
         return evaluate_policy(self.actor, self.tokenizer, self.cfg, envs or self.val_envs, self.device, prefix,
-                               log=throttled(self.log, 20.0))
+                               log=throttled(self.log, 20.0), on_batch=keep)
 
     def fit(self) -> Dict[str, Any]:
         """Train to ``trainer.total_training_steps`` (or the time budget); returns the last step's metrics and,

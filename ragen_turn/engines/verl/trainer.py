@@ -45,7 +45,9 @@ from ragen_turn.algos import check_turn_ids, place_turn_rewards, turn_boundaries
 from ragen_turn.engines.common import (advantage_metrics, compute_advantages, kept_rows, normalized_turn_rewards,
                                       turn_critic_targets)
 from ragen_turn.engines.runtime import derived_seed
-from ragen_turn.engines.runlog import append_metrics, episode_metrics, progress_line, run_header, truncate_metrics
+from ragen_turn.engines.runlog import (
+    GENERATIONS_FILE, append_metrics, episode_metrics, progress_line, run_header, truncate_metrics, write_generations,
+)
 from ragen_turn.rollout import EnvSlot, Trajectory
 from ragen_turn.rollout.env_manager import EnvGroupManager
 
@@ -228,7 +230,13 @@ class StarPOTrainer(RayPPOTrainer):
 
     def _validate(self, merged: bool = False) -> Dict[str, float]:
         out, _ = self.rollout(self.val_plan.assign_seeds(self.rcfg.seed, 0), "val", self.global_steps)
-        return episode_metrics(to_trajectory(out), "val")
+        traj = to_trajectory(out)
+        n = int(self.rcfg.trainer.get("log_val_generations") or 0)
+        if n:  # verl's input_ids: the first prompt, then the response (later turns' prompts are in it)
+            ids, am = out.batch["input_ids"][:n], out.batch["attention_mask"][:n].bool()
+            write_generations(self.out_dir / GENERATIONS_FILE, self.global_steps, traj.episodes[:n],
+                              [self.tokenizer.decode(ids[i][am[i]].tolist()) for i in range(ids.shape[0])])
+        return episode_metrics(traj, "val")
 
     # ---------------------------------------------------------------------------------- one step
     def compute_advantages(self, batch: DataProto, traj: Trajectory) -> None:
@@ -344,6 +352,7 @@ class StarPOTrainer(RayPPOTrainer):
         self.global_steps = 0
         self._load_checkpoint()
         truncate_metrics(self.metrics_path, self.global_steps)  # fresh run: a fresh log; resumed: lines <= its step
+        truncate_metrics(self.out_dir / GENERATIONS_FILE, self.global_steps)
         self.checkpoint_manager.update_weights(self.global_steps)
         print(run_header(self.rcfg, f"verl {type(self).__name__}", self.global_steps, len(self.train_plan),
                          self.out_dir), flush=True)
