@@ -37,8 +37,8 @@ def resolve_checkpoint(path: str) -> Path:
                             "or a Hugging Face model directory")
 
 
-# env-specific episode metrics, shown when the env reports them (search_qa: success is EM)
-ENV_COLUMNS = [("F1", "val/f1"), ("searches", "val/searches"), ("retrieval hit", "val/retrieval_hit")]
+# env-specific episode metrics, shown when the env reports them (search_qa: success is EM; webshop: score)
+ENV_COLUMNS = [("score", "val/score"), ("F1", "val/f1"), ("searches", "val/searches"), ("retrieval hit", "val/retrieval_hit")]
 
 
 def format_table(metrics: dict, title: str) -> str:

@@ -500,6 +500,17 @@ def test_as_shown_writes_the_label_as_the_page_does_and_is_the_same_action(make)
     assert env.as_shown("nonsense") == "nonsense"
 
 
+def test_episode_metrics_report_webshops_score_without_penalties(make):
+    """Every step reports score (the purchase reward, 0 until a purchase; no format penalty) and purchased."""
+    env = make(split="train", observation_mode="compact")
+    env.reset(seed=1)
+    _, r, _, info = env.step("click[nothing here]")
+    assert r < 0 and info["episode_metrics"] == {"score": 0.0, "purchased": 0.0}
+    while not env.done:
+        _, r, _, info = env.step(env.solve()[0])
+    assert info["episode_metrics"] == {"score": r, "purchased": 1.0} and r == 1.0
+
+
 def test_solve_step_by_step_scores_one_on_20_goals(make):
     env = make(split="train")
     for seed in range(20):

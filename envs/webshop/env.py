@@ -10,7 +10,9 @@ Pages and clickable labels follow WebShop's text environment (``web_agent_text_e
 * description / features / reviews pages: ``back to search`` and ``< prev`` (to the item).
 
 Labels are matched case-insensitively. ``buy now`` ends the episode with WebShop's reward
-(:mod:`.reward`); the episode is also cut off after ``max_turns`` actions. Any action that cannot be
+(:mod:`.reward`); the episode is also cut off after ``max_turns`` actions. Every step's ``info["episode_metrics"]``
+holds ``score`` (WebShop's score: the purchase's reward, 0 while nothing is bought; unlike the episode return it
+has no format penalties) and ``purchased``. Any action that cannot be
 carried out (not ``search[...]`` / ``click[...]``, a label not on the page, a search away from the search
 page, an empty query, an overlong input) is rejected with an explanation and ``format_penalty``.
 """
@@ -137,6 +139,8 @@ class WebShopEnv(BaseLanguageBasedEnv):
             info["truncated"] = True
         self._render()
         info["page"] = self.page
+        # WebShop's score (the purchase's reward, 0 until something is bought) as the run's env/score, val/score
+        info["episode_metrics"] = {"score": float(self._reward), "purchased": float(self.page == "done")}
         obs = self._obs if error is None else f"Invalid action: {error}.\n{self._obs}"
         return obs, reward, self.done, info
 

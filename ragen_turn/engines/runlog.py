@@ -99,7 +99,8 @@ def progress_line(m: Mapping[str, Any], total: Optional[int] = None, timing: str
                   f"vloss {f('critic/value_loss')}",
                   f"tok/s {f('perf/tokens_per_s', '{:.0f}')}", f"{f('perf/step_s', '{:.1f}')}s"]
     if "val/success" in m:
-        parts += [f"| val success {f('val/success')} reward {f('val/reward')} invalid "
+        score = f" score {f('val/score')}" if "val/score" in m else ""  # WebShop's score (purchase reward)
+        parts += [f"| val success {f('val/success')}{score} reward {f('val/reward')} invalid "
                   f"{f('val/invalid_action_rate')}"]
     if timing:
         parts.append(f"| {timing}")
