@@ -122,15 +122,17 @@ def test_actions_as_shown_writes_webshop_ids_as_the_page_shows_them():
     tok = tiny_tokenizer()
     base = ["env=webshop", "es_manager.train.env_groups=1", "agent_proxy.max_turn=9",
             "actor_rollout_ref.rollout.response_length=32"]
-    plain = collect_demonstrations(micro_config(base), tok, 4, seed=1)
-    shown = collect_demonstrations(micro_config(base + ["model.warmstart.actions_as_shown=true"]), tok, 4, seed=1)
+    assert micro_config(base).model.warmstart.actions_as_shown  # config/env/webshop.yaml turns it on
+    off, on = base + ["model.warmstart.actions_as_shown=false"], base + ["model.warmstart.actions_as_shown=true"]
+    plain = collect_demonstrations(micro_config(off), tok, 4, seed=1)
+    shown = collect_demonstrations(micro_config(on), tok, 4, seed=1)
     assert bool(shown.success.all()) and bool(plain.success.all())
     clicks = lambda demos: [c for e in demos.episodes for t in e.texts for c in re.findall(r"click\[(b0\w{8})\]", t, re.I)]
     assert clicks(plain) and all(c == c.lower() for c in clicks(plain))
     assert clicks(shown) and all(c == c.upper() for c in clicks(shown))
     assert [c.lower() for c in clicks(shown)] == clicks(plain)
-    assert warmstart_key(micro_config(base), tok) == warmstart_key(micro_config(base + ["model.warmstart.actions_as_shown=false"]), tok)
-    assert warmstart_key(micro_config(base), tok) != warmstart_key(micro_config(base + ["model.warmstart.actions_as_shown=true"]), tok)
+    assert warmstart_key(micro_config(off), tok) != warmstart_key(micro_config(on), tok)
+    assert warmstart_key(micro_config([]), tok) == warmstart_key(micro_config(["model.warmstart.actions_as_shown=false"]), tok)
     with pytest.raises(ValueError, match="actions_as_shown"):
         collect_demonstrations(micro_config(["model.warmstart.actions_as_shown=true"]), tok, 2, seed=1)
 
