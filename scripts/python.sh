@@ -7,3 +7,5 @@ if ! "$PY" -c 'import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is N
   echo "error: ragen_turn is not installed for $PY: run bash scripts/install.sh first" >&2
   exit 2
 fi
+# progress lines reach a log file or a pipe (`bash train.sh ... | tee run.log`, nohup) as they are printed
+export PYTHONUNBUFFERED=${PYTHONUNBUFFERED:-1}

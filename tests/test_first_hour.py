@@ -91,6 +91,7 @@ def test_finished_run_ends_with_a_summary_and_a_resume_says_complete(tmp_path):
                  f"metrics:    {tmp_path / 'metrics.jsonl'}", f"bash eval.sh sokoban {tmp_path}",
                  f"-m ragen_turn.report {tmp_path}"):
         assert part in text, part
+    assert "held-out score" not in text  # Sokoban reports no score
     s = last["summary"]
     rows = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert s["init"] == rows[0]["val/success"] and s["last"] == rows[-1]["val/success"] and s["steps"] == 1
@@ -99,6 +100,17 @@ def test_finished_run_ends_with_a_summary_and_a_resume_says_complete(tmp_path):
                                      run_dir=tmp_path), log=again.append).fit()
     assert any("run already complete" in ln for ln in again) and out["summary"]["last"] == s["last"]
     assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == len(rows)  # nothing trained or logged
+
+
+def test_summary_adds_webshops_score_and_return_when_the_env_reports_a_score(tmp_path):
+    from ragen_turn.engines.runlog import run_summary
+
+    rows = [{"step": 0, "val/success": 0.0, "val/score": 0.164, "val/reward": -0.152}, {"step": 1, "env/reward": 0.1},
+            {"step": 2, "val/success": 0.097, "val/score": 0.374, "val/reward": 0.181}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    text, summary = run_summary(micro_config(["env=webshop"], run_dir=tmp_path), tmp_path)
+    assert "held-out score: 0.164 at step 0 -> 0.374 at step 2" in text
+    assert "held-out reward: -0.152 at step 0 -> 0.181 at step 2" in text and summary["last"] == 0.097
 
 
 def test_refused_command_leaves_no_run_dir(tmp_path):

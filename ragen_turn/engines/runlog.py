@@ -207,6 +207,10 @@ def run_summary(cfg: Any, out_dir: Path, elapsed: Optional[float] = None, checkp
         n_val = cfg.es_manager.val.env_groups * cfg.es_manager.val.group_size
         lines.append(f"  held-out success ({n_val} episodes): " + " -> ".join(parts[:2]) +
                      (f" ({parts[2]})" if len(parts) > 2 else ""))
+        if any("val/score" in r for r in rows):  # WebShop: its score (the purchase's reward), and the return
+            for key in ("val/score", "val/reward"):
+                h = held_out_history(rows, key)
+                lines.append(f"  held-out {key[4:]}: " + " -> ".join(f"{v:.3f} at step {s}" for s, v in (h[0], h[-1])))
     if checkpoint is not None:
         lines.append(f"  checkpoint: {checkpoint}")
     lines.append(f"  metrics:    {out_dir / 'metrics.jsonl'}  (config: {out_dir / 'config.yaml'})")
