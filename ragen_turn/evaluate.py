@@ -144,8 +144,10 @@ def main(cfg: DictConfig) -> None:
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
-    print(format_table(m, Path(m["checkpoint"]).parent.name))
-    out = Path(cfg.get("eval_output") or Path(m["checkpoint"]).parent / f"eval_{cfg.env.name}.json")
+    # a checkpoint's actor/ -> the step dir; a plain Hugging Face model dir -> itself (never the folder holding it)
+    home = Path(m["checkpoint"]).parent if Path(m["checkpoint"]).name == "actor" else Path(m["checkpoint"])
+    print(format_table(m, home.name))
+    out = Path(cfg.get("eval_output") or home / f"eval_{cfg.env.name}.json")
     out.write_text(json.dumps(m, indent=2, sort_keys=True) + "\n")
     print(f"wrote {out}")
 

@@ -152,3 +152,12 @@ def test_eval_sh_reads_a_run_whose_name_holds_overrides(tmp_path):
     assert "| model | episodes | success" in out.stdout
     assert (run / "checkpoints" / "step_000001" / "eval_sokoban.json").is_file()
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == [run.name]  # no run dir named after eval's overrides
+    # a plain Hugging Face model dir (e.g. a cached warm start): the JSON goes inside it, not into the folder holding it
+    hf = tmp_path / "models" / "some_model"
+    shutil.copytree(run / "checkpoints" / "step_000001" / "actor", hf)
+    out = subprocess.run(["bash", "eval.sh", "sokoban", str(hf), "es_manager.val.env_groups=2", "device=cpu",
+                          "agent_proxy.max_turn=2", "actor_rollout_ref.rollout.response_length=8"],
+                         cwd=ROOT, text=True, capture_output=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert (hf / "eval_sokoban.json").is_file() and not (tmp_path / "models" / "eval_sokoban.json").exists()
+    assert "| some_model |" in out.stdout
