@@ -23,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ragen_turn.engines.runlog import eta
 from ragen_turn.models import default_cache_root, sequence_logprobs
+from ragen_turn.models.tiny import DEFAULT_CONFIG as TINY_DEFAULTS
 from ragen_turn.rollout import (
     ChatFormatter,
     EnvGroupManager,
@@ -158,13 +159,12 @@ def warmstart_key(cfg: DictConfig, tokenizer: Any) -> str:
     model = OmegaConf.to_container(cfg.model, resolve=True)
     model["warmstart"].pop("seed", None)  # counted once, as "seed" below
     model["warmstart"].pop("enable", None)  # whether it runs, not what it trains
-    for k, default in (("lr_schedule", "constant"), ("warmup_steps", 0), ("actions_as_shown", False)):  # the defaults keep earlier caches' keys
+    # keys at their defaults are left out, so caches made before the key existed keep their keys
+    for k, default in (("lr_schedule", "constant"), ("warmup_steps", 0), ("actions_as_shown", False)):
         if model["warmstart"].get(k, default) == default:
             model["warmstart"].pop(k, None)
-    if not model.get("copy_pretrain_steps"):
-        model.pop("copy_pretrain_steps", None)
-    for k, default in (("copy_pretrain_max_gap", 30), ("copy_pretrain_small_alphabet", 0.0)):
-        if model.get(k, default) == default:  # the defaults keep earlier caches' keys
+    for k in ("copy_pretrain_steps", "copy_pretrain_max_gap", "copy_pretrain_small_alphabet"):  # as the tiny hash
+        if not model.get("copy_pretrain_steps") or model.get(k, TINY_DEFAULTS[k]) == TINY_DEFAULTS[k]:
             model.pop(k, None)
     model.pop("rl_lr", None)  # the RL actor's lr: not part of the warm start
     parts = {

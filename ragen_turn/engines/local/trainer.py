@@ -52,6 +52,7 @@ from ragen_turn.engines.rundir import (
     writing,
 )
 from ragen_turn.engines.runlog import (
+    GENERATIONS_FILE,
     append_metrics,
     episode_metrics,
     eta,
@@ -61,7 +62,6 @@ from ragen_turn.engines.runlog import (
     run_summary,
     truncate_metrics,
     write_generations,
-    GENERATIONS_FILE,
 )
 from ragen_turn.engines.runtime import derived_seed, pick_device, seed_everything
 from ragen_turn.models import CriticModel, load_model_and_tokenizer, logprobs_and_hidden, sequence_logprobs
