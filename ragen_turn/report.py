@@ -15,6 +15,10 @@ a sweep directory such as ``runs/sweep_gamma_lambda``, or ``runs/``), groups the
   measure (and RAGEN-2's MI when logged), ``intervals.png``, and the probability that one group's run beats
   another's (``ragen_turn.intervals``). ``--strata KEY`` splits a group's runs into tasks for the bootstrap.
 
+``--keep-runs`` also copies each run's config and the metrics the report reads to ``<out>/runs/`` (a few KB a run), so a
+results page can be rebuilt, and added to, once the run directories are gone; a run found twice by name (its kept
+copy and the live run) counts once, as the copy that got furthest.
+
 Runs that crashed or are still going are used as they are, counted and marked with their last step;
 ``null`` / NaN values (the trainers write non-finite numbers as ``null``) are left out of every mean and
 counted. The table is also printed.
@@ -42,6 +46,9 @@ CLIP_TOKEN, CLIP_TURN, KL = "actor/clip_frac_token", "actor/clip_frac_turn", "ac
 STEP_S, VAL_S = "perf/step_s", "perf/val_s"
 ENTROPY, FORMAT_ERRORS, RESPONSE_TOKENS = "actor/entropy", "env/format_error_rate", "env/response_tokens"
 USED_KEYS = (VAL_SUCCESS, VAL_REWARD, TRAIN_SUCCESS, TRAIN_REWARD, CLIP_TOKEN, CLIP_TURN, KL, STEP_S)
+# what --keep-runs keeps of a run's metrics: every key the report reads
+KEPT_KEYS = frozenset(USED_KEYS + (VAL_S, ENTROPY, FORMAT_ERRORS, RESPONSE_TOKENS))
+KEPT_PREFIXES = ("val/", "collapse/")
 TRAIN_TAIL = 5  # "final train success" = mean over the last TRAIN_TAIL training steps
 ALGO_ORDER = ("grpo", "token_ppo", "bi_level_gae", "turn_ppo", "turn_ppo_geo", "turn_is", "s_ppo", "st_ppo",
               "so_ppo", "so_grpo")
@@ -199,6 +206,47 @@ def find_runs(paths: Iterable[str]) -> List[Path]:
             seen.add(key)
             out.append(d)
     return out
+
+
+def dedupe_runs(runs: Sequence[Run], log=print) -> List[Run]:
+    """One run per run-directory name: a run found twice (in ``runs/compare/`` and in a report's kept copies,
+    ``<out>/runs/``) counts once, as the copy that got furthest (the first found on a tie)."""
+    best: Dict[str, Run] = {}
+    for r in runs:
+        name = r.path.name
+        old = best.get(name)
+        if old is None or (r.last_step or -1) > (old.last_step or -1):
+            if old is not None:
+                log(f"[report] {name}: using {r.path} (last step {r.last_step}), not {old.path} ({old.last_step})")
+            best[name] = r
+        elif old is not r:
+            log(f"[report] {name}: using {old.path} (last step {old.last_step}), not {r.path} ({r.last_step})")
+    return list(best.values())
+
+
+def _json_value(v: Any) -> Any:
+    return None if isinstance(v, float) and not math.isfinite(v) else v
+
+
+def keep_runs(runs: Sequence[Run], dest: Path) -> Path:
+    """``--keep-runs``: each run's config and its metrics cut to the keys the report reads (a few KB a run) into
+    ``dest/<run name>/``, so the report can be rebuilt from ``dest`` alone, after the runs themselves are gone
+    (``docs/results/<setting>/runs/`` is committed; a later sweep's runs are added beside them)."""
+    import shutil
+
+    dest.mkdir(parents=True, exist_ok=True)
+    for r in runs:
+        d = dest / r.path.name
+        if d.resolve() == r.path.resolve():
+            continue
+        d.mkdir(parents=True, exist_ok=True)
+        rows = [{k: _json_value(v) for k, v in row.items()
+                 if k == "step" or k in KEPT_KEYS or k.startswith(KEPT_PREFIXES)} for row in r.rows]
+        (d / "metrics.jsonl").write_text("".join(json.dumps(x, sort_keys=True) + "\n" for x in rows))
+        for f in [r.path / "config.yaml", *sorted(r.path.glob("eval_*.json"))]:
+            if f.is_file():
+                shutil.copyfile(f, d / f.name)
+    return dest
 
 
 # ------------------------------------------------------------------------------------------------ statistics
@@ -769,17 +817,20 @@ def group_keys(runs: Sequence[Run], group_by: Sequence[str]) -> List[str]:
 
 def build_report(paths: Sequence[str], out: str | Path | None = None, group_by: Sequence[str] = ("algo.name",),
                  threshold: float = 0.5, smooth_window: int = 1, plots: bool = True, intervals: bool = True,
-                 strata: Sequence[str] = (), reps: int = 10_000) -> str:
-    """Read the runs under ``paths``, write ``results.md`` (and the PNGs) to ``out`` (default
-    :func:`default_out`); return the Markdown."""
+                 strata: Sequence[str] = (), reps: int = 10_000, keep: bool = False) -> str:
+    """Read the runs under ``paths`` (a run found twice by name counts once: :func:`dedupe_runs`), write
+    ``results.md`` (and the PNGs) to ``out`` (default :func:`default_out`) and, with ``keep``, the runs' kept
+    copies to ``out/runs`` (:func:`keep_runs`); return the Markdown."""
     run_dirs = find_runs(paths)
     if not run_dirs:
         raise FileNotFoundError(f"no runs (directories with metrics.jsonl) under {', '.join(map(str, paths))}")
-    runs = [load_run(d) for d in run_dirs]
+    runs = dedupe_runs([load_run(d) for d in run_dirs], log=lambda line: print(line, file=sys.stderr))
     keys = group_keys(runs, group_by)
     groups = group_runs(runs, keys)
     out = Path(out) if out is not None else default_out(paths)
     out.mkdir(parents=True, exist_ok=True)
+    if keep:
+        keep_runs(runs, out / "runs")
 
     plot_note = "Plots: skipped (--no-plots)."
     if plots:
@@ -822,6 +873,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     help="moving-average window over training steps for the collapse measure and train curves (1)")
     ap.add_argument("--out", default=None, help="output directory (default: <the runs' common directory>/report)")
     ap.add_argument("--no-plots", action="store_true", help="write the table only")
+    ap.add_argument("--keep-runs", action="store_true",
+                    help="also copy each run's config and metrics (the keys the report reads) to <out>/runs, so the "
+                         "report can be rebuilt from there once the runs are gone; a run found twice by name counts once")
     ap.add_argument("--no-intervals", action="store_true", help="leave out the interval estimates (IQM, bootstrap CIs)")
     ap.add_argument("--strata", default="",
                     help="comma-separated config keys that split a group's runs into tasks for the stratified "
@@ -843,7 +897,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         text = build_report(args.paths, out, keys, args.threshold, max(1, args.smooth), plots=not args.no_plots,
                             intervals=not args.no_intervals, reps=args.reps,
-                            strata=[k.strip() for k in args.strata.split(",") if k.strip()])
+                            strata=[k.strip() for k in args.strata.split(",") if k.strip()], keep=args.keep_runs)
     except FileNotFoundError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

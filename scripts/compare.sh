@@ -6,7 +6,8 @@
 #   bash scripts/compare.sh <env> [overrides...]         # or another env at its defaults (config/env/<env>.yaml)
 #   ALGOS="token_ppo s_ppo st_ppo turn_ppo grpo so_grpo" SEEDS="0 1 2" bash scripts/compare.sh search_qa
 #   flock /work/locks/heavy.lock nice -n 5 bash scripts/compare.sh long_horizon     # on a shared machine
-#   python -m ragen_turn.report runs/compare/sokoban_<setting>_* --out docs/results/<setting> --threshold T
+#   python -m ragen_turn.report docs/results/<setting>/runs runs/compare/sokoban_<setting>_* --out docs/results/<setting> --threshold T --keep-runs
+#   (--keep-runs: the runs' configs and metrics are kept, committed, in docs/results/<setting>/runs: the page survives runs/)
 #
 # Environment: ALGOS (default: the comparison's algorithms that have a config/algo/<name>.yaml), SEEDS
 # ("0 1 2 3 4"), PARALLEL (2), BUDGET_S (each run's trainer.time_budget_s for this call: a run that spends it

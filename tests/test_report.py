@@ -328,3 +328,39 @@ def test_stability_plot_only_when_logged(runs_dir, tmp_path):
     run = write_run(tmp_path / "r", "sokoban_st_ppo_tiny_s0", "st_ppo", 0, rows)
     text = report.build_report([str(run)], out)
     assert (out / "stability.png").stat().st_size > 1000 and "[stability.png](stability.png)" in text
+
+
+def _table(text):
+    """The table lines above the per-run section (which names each run's path)."""
+    return [ln for ln in text.split("## Runs")[0].splitlines() if ln.startswith("| ")]
+
+
+def test_kept_runs_rebuild_the_same_report(runs_dir, tmp_path):
+    """--keep-runs: the report rebuilt from <out>/runs alone (the runs gone) has the same table and intervals, but
+    for the torn-line count, which the copies no longer carry; the copies hold only the keys the report reads."""
+    out = tmp_path / "out"
+    first = report.build_report([str(runs_dir)], out, plots=False, keep=True)
+    kept = out / "runs"
+    assert sorted(p.name for p in kept.iterdir()) == sorted(p.name for p in runs_dir.iterdir())
+    rows = [json.loads(x) for x in (kept / "sokoban_grpo_tiny_s0" / "metrics.jsonl").read_text().splitlines()]
+    assert rows[4]["val/success"] is None and rows[4]["val/reward"] is None  # NaN / null stay null
+    assert set().union(*rows) <= set(report.KEPT_KEYS) | {"step", "val/turns"}
+    import shutil
+    shutil.rmtree(runs_dir)
+    again = report.build_report([str(kept)], tmp_path / "out2", plots=False)
+    assert "## Interval estimates" in first  # the intervals' tables are among the lines compared
+    assert _table(again) == [ln.replace("3 (+1 bad lines)", "3") for ln in _table(first)]
+
+
+def test_a_run_found_twice_counts_once(runs_dir, tmp_path):
+    """The kept copies and the live runs given together (a sweep resumed after a report): each run once, the copy
+    that got furthest."""
+    out = tmp_path / "out"
+    first = report.build_report([str(runs_dir)], out, plots=False, keep=True)
+    # the live turn_ppo seed 0 goes one eval further than its kept copy
+    live = runs_dir / "sokoban_turn_ppo_tiny_s0" / "metrics.jsonl"
+    live.write_text(live.read_text() + json.dumps(val_row(4, 1.0, 3.0) | {"step": 5}) + "\n")
+    both = report.build_report([str(out / "runs"), str(runs_dir)], tmp_path / "out2", plots=False)
+    assert "6 runs in 3 groups" in both and "6 runs in 3 groups" in first
+    turn = next(ln for ln in _table(both) if ln.startswith("| turn_ppo"))
+    assert turn.split(" | ")[3] == "0.583 ± 0.382"  # final val success: seed 0's 1.0 (live copy), 0.5, 0.25
