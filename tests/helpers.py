@@ -10,7 +10,8 @@ import tempfile
 from ragen_turn.train import compose_config
 
 MICRO_MODEL = ["model.hidden_size=32", "model.num_hidden_layers=1", "model.num_attention_heads=2",
-               "model.num_key_value_heads=1", "model.intermediate_size=64", "model.warmstart.enable=false"]
+               "model.num_key_value_heads=1", "model.intermediate_size=64", "model.warmstart.enable=false",
+               "model.copy_pretrain_steps=0"]
 
 
 # RAGEN_TURN_TEST_DEVICE=cuda runs the engine tests on a GPU (CI has none: cpu)
