@@ -209,18 +209,19 @@ def find_runs(paths: Iterable[str]) -> List[Path]:
 
 
 def dedupe_runs(runs: Sequence[Run], log=print) -> List[Run]:
-    """One run per run-directory name: a run found twice (in ``runs/compare/`` and in a report's kept copies,
-    ``<out>/runs/``) counts once, as the copy that got furthest (the first found on a tie)."""
-    best: Dict[str, Run] = {}
+    """A run found twice counts once, as the copy that got furthest (the first found on a tie). Twice = the same
+    directory name and the same config (a kept copy, ``<out>/runs/<name>``, holds its run's ``config.yaml``, whose
+    resolved ``trainer.default_local_dir`` tells runs of one name in different sweep dirs apart)."""
+    best: Dict[Tuple[str, str], Run] = {}
     for r in runs:
-        name = r.path.name
-        old = best.get(name)
-        if old is None or (r.last_step or -1) > (old.last_step or -1):
-            if old is not None:
-                log(f"[report] {name}: using {r.path} (last step {r.last_step}), not {old.path} ({old.last_step})")
-            best[name] = r
-        elif old is not r:
-            log(f"[report] {name}: using {old.path} (last step {old.last_step}), not {r.path} ({r.last_step})")
+        key = (r.path.name, json.dumps(r.config, sort_keys=True, default=str))
+        old = best.get(key)
+        if old is None:
+            best[key] = r
+            continue
+        keep, drop = (r, old) if (r.last_step or -1) > (old.last_step or -1) else (old, r)
+        log(f"[report] {key[0]}: using {keep.path} (last step {keep.last_step}), not {drop.path} ({drop.last_step})")
+        best[key] = keep
     return list(best.values())
 
 

@@ -364,3 +364,17 @@ def test_a_run_found_twice_counts_once(runs_dir, tmp_path):
     assert "6 runs in 3 groups" in both and "6 runs in 3 groups" in first
     turn = next(ln for ln in _table(both) if ln.startswith("| turn_ppo"))
     assert turn.split(" | ")[3] == "0.583 ± 0.382"  # final val success: seed 0's 1.0 (live copy), 0.5, 0.25
+
+
+def test_runs_of_one_name_with_different_configs_both_count(tmp_path):
+    """Two sweeps' runs may share a directory name (sokoban_turn_ppo_tiny_s0): different configs, two runs."""
+    for sweep, success in (("sweep_a", 0.25), ("sweep_b", 0.75)):
+        d = write_run(tmp_path / sweep, "sokoban_turn_ppo_tiny_s0", "turn_ppo", 0,
+                      [val_row(0, 0.0, 0.0), train_row(1, 0.5, success=success, reward=0.0)], total=1)
+        cfg = yaml.safe_load((d / "config.yaml").read_text())
+        cfg["trainer"]["default_local_dir"] = str(d)
+        (d / "config.yaml").write_text(yaml.safe_dump(cfg))
+    text = report.build_report([str(tmp_path)], tmp_path / "out", plots=False)
+    assert "2 runs in 1 group" in text
+    turn = next(ln for ln in _table(text) if ln.startswith("| turn_ppo"))
+    assert turn.split(" | ")[3] == "0.500 ± 0.354"

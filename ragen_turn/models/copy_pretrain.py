@@ -94,8 +94,7 @@ def copy_pretrain(model: torch.nn.Module, tokenizer: Any, steps: int, seed: int 
         torch.manual_seed(seed)
         for step in range(1, steps + 1):
             batch = [t.to(device) for t in copy_batch(rng, token_ids, BATCH_SIZE, max_gap=max_gap,
-                                                                  pad_id=tokenizer.pad_token_id,
-                                                                  small_alphabet=small_alphabet)]
+                                                      pad_id=tokenizer.pad_token_id, small_alphabet=small_alphabet)]
             loss = copy_nll(model, *batch)
             opt.zero_grad(set_to_none=True)
             loss.backward()
