@@ -310,6 +310,7 @@ class WarmstartConfig:
     think: str = key("plan", choices=("plan", "state_plan"))  # the <think> of demonstrations (agent_proxy.enable_think)
     fit_turn_budget: bool = key(False)  # each answer gives at least ceil(solution left / turns left) actions
     actions_as_shown: bool = key(False)  # demonstrations write each action as the page shows it (env.as_shown)
+    autocast: Optional[str] = key(None, choices=("bfloat16",))  # mixed-precision SFT forward (weights stay as loaded)
 
 
 @dataclass

@@ -1,6 +1,7 @@
 """Warm start (SFT on solver demonstrations): demonstrations, the loss going down, the cache and its key."""
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -32,6 +33,9 @@ def test_key_and_seed_pinning():
     assert warmstart_key(micro_config(WS + ["model.copy_pretrain_steps=5"]), tok) != warmstart_key(per_seed[0], tok)
     assert warmstart_key(micro_config(WS + ["model.copy_pretrain_steps=0"]), tok) == warmstart_key(per_seed[0], tok)
     assert warmstart_key(micro_config(WS + ["model.rl_lr=1e-5"]), tok) == warmstart_key(per_seed[0], tok)  # RL only
+    # mixed precision changes the numbers, so the key; off (null) keeps the key it had before the option existed
+    assert warmstart_key(micro_config(WS + ["model.warmstart.autocast=bfloat16"]), tok) != warmstart_key(per_seed[0], tok)
+    assert warmstart_key(micro_config(WS + ["model.warmstart.autocast=null"]), tok) == warmstart_key(per_seed[0], tok)
 
 
 def test_sweeps_pin_the_warm_start():
@@ -61,6 +65,27 @@ def test_demonstrations_solve_and_sft_lowers_the_loss_then_caches(tmp_path, monk
     for (n, p), q in zip(trained.state_dict().items(), loaded.state_dict().values()):
         assert torch.equal(p.cpu(), q.cpu()), n
 
+
+def test_sft_under_bf16_autocast_learns_like_float32_and_keeps_float32_weights():
+    """autocast=bfloat16 runs the forward's matmuls in bf16 (fp32 weights, grads, AdamW): the loss falls as in float32,
+    to within bf16's rounding, and the weights it leaves are float32 and differ from the float32 run's."""
+    from ragen_turn.warmstart import sft
+
+    cfg32, cfg16 = micro_config(WS), micro_config(WS + ["model.warmstart.autocast=bfloat16"])
+    model, tok = load_model_and_tokenizer(OmegaConf.to_container(cfg32.model, resolve=True))
+    demos = collect_demonstrations(cfg32, tok, 8, seed=3)
+    runs = {}
+    for name, cfg in (("fp32", cfg32), ("bf16", cfg16)):
+        m = copy.deepcopy(model)
+        lines = []
+        stats = sft(m, demos, cfg, torch.device("cpu"), log=lines.append)
+        first = float(next(l for l in lines if "sft step 1/" in l).split("nll ")[1].split()[0])
+        runs[name] = (first, stats["sft/final_nll"], m)
+    (f32, last32, m32), (f16, last16, m16) = runs["fp32"], runs["bf16"]
+    assert abs(f16 - f32) < 0.05 * f32  # the same first batch, rounded in bf16
+    assert last16 < 0.7 * f16 and abs(last16 - last32) < 0.15 * last32
+    assert all(p.dtype == torch.float32 for p in m16.parameters())
+    assert any(not torch.equal(p, q) for p, q in zip(m16.parameters(), m32.parameters()))
 
 
 def test_fit_turn_budget_makes_demonstrations_finish_in_the_turns():
