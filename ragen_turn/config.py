@@ -126,6 +126,11 @@ def _algorithm_pieces(cfg: DictConfig) -> List[str]:
         out.append(f"critic.ppo_epochs={cfg.critic.ppo_epochs}: critic.shared_backbone=true trains the critic inside "
                    f"the actor's update, so it must equal actor_rollout_ref.actor.ppo_epochs="
                    f"{cfg.actor_rollout_ref.actor.ppo_epochs}")
+    if cfg.trainer.critic_warmup > 1 and (level == "none" or cfg.critic.shared_backbone):
+        why = (f"algorithm.adv_estimator={adv} has no critic" if level == "none"
+               else "critic.shared_backbone=true trains the critic inside the actor's update")
+        out.append(f"trainer.critic_warmup={cfg.trainer.critic_warmup}: warms up a separate critic, and {why}; "
+                   f"set it to 0")
     if cfg.engine.name != "local":  # keys that only the local engine reads
         for name, value in (("trainer.resume_from", cfg.trainer.resume_from),
                             ("actor_rollout_ref.actor.max_update_kl", cfg.actor_rollout_ref.actor.max_update_kl)):

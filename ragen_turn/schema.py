@@ -288,6 +288,7 @@ class TrainerConfig:
     overwrite: bool = key()
     time_budget_s: Optional[float] = key(None, **POSITIVE)
     max_nonfinite_steps: int = key(**COUNT)
+    critic_warmup: int = key(0, **NON_NEGATIVE)  # verl's: no actor update while critic_warmup > step (1-based)
     keep_checkpoints: int = key(**NON_NEGATIVE)  # 0 = keep all
     collapse_freq: int = key(**NON_NEGATIVE)  # 0 = never
     collapse_num_samples: Optional[int] = key(None, ge=2)  # null = all

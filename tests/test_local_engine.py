@@ -579,3 +579,31 @@ def test_a_finished_run_is_not_overwritten_by_accident(tmp_path):
     assert (tmp_path / "metrics.jsonl").read_text() == before  # refused before touching anything
     tr = build_trainer(micro_config(common + ["trainer.overwrite=true"], run_dir=tmp_path), log=_quiet)
     assert not (tmp_path / "metrics.jsonl").exists() and tr.step == 0  # started over
+
+
+def test_critic_warmup_updates_only_the_critic_for_its_steps(tmp_path):
+    """trainer.critic_warmup=3 (verl's rule: no actor update while critic_warmup > step, steps from 1): steps 1-2
+    change the critic and leave the actor's weights as they were; step 3 updates both. A critic-free algo or a
+    shared backbone refuses it."""
+    cfg = micro_config(["algo=turn_ppo", "trainer.critic_warmup=3", "es_manager.train.env_groups=2",
+                        "es_manager.train.group_size=2", "agent_proxy.max_turn=2", "ppo_mini_batch_size=4",
+                        "micro_batch_size_per_gpu=4"], run_dir=tmp_path)
+    validate_config(cfg)
+    tr = build_trainer(cfg, log=_quiet)
+
+    def weights(model):
+        return [p.detach().clone() for p in model.parameters()]
+
+    for step in (1, 2, 3):
+        actor, critic = weights(tr.actor), weights(tr.critic)
+        metrics = tr.train_step()
+        tr.step += 1  # as fit() counts them
+        actor_moved = any(not torch.equal(a, b) for a, b in zip(actor, tr.actor.parameters()))
+        critic_moved = any(not torch.equal(a, b) for a, b in zip(critic, tr.critic.parameters()))
+        assert critic_moved, step
+        assert actor_moved == (step == 3), step
+        assert metrics.get("actor/critic_warmup", 0.0) == (1.0 if step < 3 else 0.0), step
+        assert ("actor/pg_loss" in metrics) == (step == 3), step
+    for bad in (["algo=grpo"], ["algo=turn_ppo", "critic.shared_backbone=true"]):
+        with pytest.raises(ValueError, match="trainer.critic_warmup=3"):
+            validate_config(micro_config(bad + ["trainer.critic_warmup=3"], run_dir=tmp_path / "bad"))

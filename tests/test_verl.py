@@ -970,14 +970,8 @@ class FakePools:
         return 2
 
 
-@needs_verl
-@pytest.mark.parametrize("algo", ["turn_ppo", "grpo"])
-def test_fit_with_fake_workers(model_dir, tmp_path, algo, monkeypatch):
-    """train_step/fit end to end on CPU with fake worker groups in place of Ray/FSDP/vLLM: the batch keys,
-    filtering, balancing, old log-probs, values, advantages, turn-critic batch, actor batch (with the
-    mini-batch turn counts), checkpoints and metrics.jsonl all go through the real code."""
-    import json
-
+def _trainer_with_fake_workers(model_dir, tmp_path, algo, *overrides):
+    """Our verl trainer for ``algo`` (2 steps of 8 episodes, half kept) with the fake worker groups above."""
     from verl.trainer.ppo.utils import Role
     from verl.utils.config import omega_conf_to_dataclass
 
@@ -988,7 +982,7 @@ def test_fit_with_fake_workers(model_dir, tmp_path, algo, monkeypatch):
                        "actor_rollout_ref.rollout.rollout_filter_ratio=0.5", "ppo_mini_batch_size=2",
                        "trainer.total_training_steps=2", "trainer.save_freq=1", "trainer.test_freq=2",
                        f"trainer.default_local_dir={tmp_path}", "es_manager.val.env_groups=2",
-                       "engine.verl.agent_num_workers=8", "trainer.log_val_generations=1")
+                       "engine.verl.agent_num_workers=8", "trainer.log_val_generations=1", *overrides)
     cls = TRAINERS[vcfg.ragen.algo.trainer]
     tok = omega_conf_to_dataclass(vcfg.actor_rollout_ref.model).tokenizer
     t = cls(config=vcfg, tokenizer=tok, role_worker_mapping={Role.ActorRollout: object},
@@ -998,6 +992,18 @@ def test_fit_with_fake_workers(model_dir, tmp_path, algo, monkeypatch):
     t.actor_rollout_wg = FakeActorWG(omega_conf_to_dataclass(vcfg.actor_rollout_ref.actor), dp=2)
     if t.use_critic:
         t.critic_wg = FakeCriticWG(omega_conf_to_dataclass(vcfg.critic))
+    return t, vcfg
+
+
+@needs_verl
+@pytest.mark.parametrize("algo", ["turn_ppo", "grpo"])
+def test_fit_with_fake_workers(model_dir, tmp_path, algo, monkeypatch):
+    """train_step/fit end to end on CPU with fake worker groups in place of Ray/FSDP/vLLM: the batch keys,
+    filtering, balancing, old log-probs, values, advantages, turn-critic batch, actor batch (with the
+    mini-batch turn counts), checkpoints and metrics.jsonl all go through the real code."""
+    import json
+
+    t, vcfg = _trainer_with_fake_workers(model_dir, tmp_path, algo)
     tmp = tmp_path / "tmp"  # this process stands in for the task runner: its TMPDIR (see private_tmpdir)
     tmp.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(tmp))
@@ -1025,6 +1031,28 @@ def test_fit_with_fake_workers(model_dir, tmp_path, algo, monkeypatch):
     if algo == "turn_ppo":
         # the turn critic trains on turn starts only: 3 positions per episode
         assert [n for _, n in t.critic_wg.trained] == [12, 12]
+
+
+@needs_verl
+def test_critic_warmup_skips_the_actor_update_as_verl_does(model_dir, tmp_path, monkeypatch):
+    """trainer.critic_warmup=2 reaches verl's config, and our loop applies verl's rule (no actor update while
+    critic_warmup > step, steps from 1): step 1 trains the critic only, step 2 both."""
+    t, vcfg = _trainer_with_fake_workers(model_dir, tmp_path, "turn_ppo", "trainer.critic_warmup=2")
+    assert vcfg.trainer.critic_warmup == 2
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    steps = []
+    real_step = t.train_step
+
+    def step_and_count():
+        actor_before, critic_before = len(t.actor_rollout_wg.updates), len(t.critic_wg.trained)
+        metrics = real_step()
+        steps.append((len(t.actor_rollout_wg.updates) - actor_before, len(t.critic_wg.trained) - critic_before,
+                      metrics.get("actor/critic_warmup", 0.0)))
+        return metrics
+
+    t.train_step = step_and_count
+    t.fit()
+    assert [(a > 0, c > 0, w) for a, c, w in steps] == [(False, True, 1.0), (True, True, 0.0)]
 
 
 def math_isfinite(x):

@@ -383,6 +383,9 @@ class StarPOTrainer:
                                      self.cfg.critic.ppo_epochs, self.cfg.critic.grad_clip, "critic")
             metrics.update(m)
             skipped += s
+        if self.cfg.trainer.critic_warmup > self.step + 1:  # verl's rule and step count (from 1): critic only
+            metrics["actor/critic_warmup"] = 1.0
+            return self._after_update(metrics, skipped, rolled_back=False)
         model, loss_of = self.actor, self.actor_loss
         if self.shared_critic:  # one optimizer step on actor + value head (clipped together)
             model, loss_of = torch.nn.ModuleList([self.actor, self.critic.value_head]), self.joint_loss
@@ -410,6 +413,10 @@ class StarPOTrainer:
                 self.log(f"[warn] step {self.step + 1}: the actor's update moved the policy by approx KL {kl:.4g} "
                          f"> actor_rollout_ref.actor.max_update_kl={limit}: rolled back")
             metrics["actor/update_rolled_back"] = float(rolled_back)
+        return self._after_update(metrics, skipped, rolled_back)
+
+    def _after_update(self, metrics: Dict[str, float], skipped: int, rolled_back: bool) -> Dict[str, float]:
+        """Eval mode, and the count of steps in a row whose update was skipped or rolled back."""
         self.actor.eval()
         if skipped:
             self.log(f"[warn] step {self.step + 1}: {skipped} update(s) skipped: non-finite loss or gradient")

@@ -332,7 +332,7 @@ def to_verl_config(cfg: DictConfig, model_path: Optional[str] = None) -> DictCon
             "max_actor_ckpt_to_keep": keep,
             "max_critic_ckpt_to_keep": keep,
             "balance_batch": True,
-            "critic_warmup": 0,
+            "critic_warmup": int(cfg.trainer.critic_warmup),
         },
         "reward": {"num_workers": 1 if p.device == "cpu" else 8},  # our agent loop scores episodes itself
         "ray_kwargs": {"ray_init": dict(ray_resources(p, v.get("ray_num_cpus")),

@@ -326,8 +326,11 @@ class StarPOTrainer(RayPPOTrainer):
             if self.use_critic:
                 with marked_timer("update_critic", timing):
                     metrics.update(self.update_critic(batch, traj))
-            with marked_timer("update_actor", timing):
-                metrics.update(self.update_actor(batch, traj))
+            if self.rcfg.trainer.critic_warmup > step + 1:  # verl's rule (steps from 1): critic only
+                metrics["actor/critic_warmup"] = 1.0
+            else:
+                with marked_timer("update_actor", timing):
+                    metrics.update(self.update_actor(batch, traj))
             with marked_timer("update_weights", timing):
                 self.checkpoint_manager.update_weights(step + 1)
 
