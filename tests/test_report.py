@@ -378,3 +378,23 @@ def test_runs_of_one_name_with_different_configs_both_count(tmp_path):
     assert "2 runs in 1 group" in text
     turn = next(ln for ln in _table(text) if ln.startswith("| turn_ppo"))
     assert turn.split(" | ")[3] == "0.500 ± 0.354"
+
+
+def test_kept_runs_of_the_results_pages_are_not_gitignored():
+    """`--keep-runs` writes docs/results/<setting>/runs/ to be committed; the top-level runs/ stays ignored."""
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    if shutil.which("git") is None or not (repo / ".git").exists():
+        pytest.skip("not a git checkout")
+
+    def ignored(path: str) -> bool:
+        return subprocess.run(["git", "check-ignore", "-q", path], cwd=repo).returncode == 0
+
+    pages = sorted(p.name for p in (repo / "docs" / "results").iterdir() if (p / "runs").is_dir())
+    assert "long_turns" in pages
+    for page in pages:
+        assert not ignored(f"docs/results/{page}/runs/some_run/metrics.jsonl"), page
+    assert ignored("runs/some_run/metrics.jsonl")
