@@ -188,8 +188,9 @@ def sft(model: torch.nn.Module, demos: Trajectory, cfg: DictConfig, device: torc
     follows ``warmstart.lr_schedule`` (transformers' ``constant_with_warmup`` or ``cosine``, to 0 at the last step)
     after ``warmstart.warmup_steps`` of linear warm-up. ``warmstart.autocast: bfloat16`` runs the forward under
     ``torch.autocast`` (matmuls in bf16, weights, gradients and AdamW in the model's dtype): on a CPU with AVX512-BF16
-    an SFT step of the tiny model takes about 0.6x the float32 time (benchmarks/sft_autocast.py)."""
+    an SFT step of the tiny model takes about 0.6x the float32 time (benchmarks/bench_sft.py)."""
     import contextlib
+    import functools
 
     from transformers import get_scheduler
 
@@ -200,8 +201,8 @@ def sft(model: torch.nn.Module, demos: Trajectory, cfg: DictConfig, device: torc
     sched = get_scheduler(schedule, opt, num_warmup_steps=int(ws.get("warmup_steps", 0)),
                           num_training_steps=max(1, int(ws.steps)))
     autocast = ws.get("autocast")
-    amp = ((lambda: torch.autocast(device.type, dtype=getattr(torch, autocast))) if autocast
-           else contextlib.nullcontext)
+    amp = functools.partial(torch.autocast, device.type, dtype=getattr(torch, autocast)) if autocast \
+        else contextlib.nullcontext
     g = torch.Generator().manual_seed(warmstart_seed(cfg) + 1)
     n = demos.batch_size
     order = torch.randperm(n, generator=g)
