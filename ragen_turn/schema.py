@@ -312,8 +312,6 @@ class WarmstartConfig:
     fit_turn_budget: bool = key(False)  # each answer gives at least ceil(solution left / turns left) actions
     actions_as_shown: bool = key(False)  # demonstrations write each action as the page shows it (env.as_shown)
     autocast: Optional[str] = key(None, choices=("bfloat16",))  # mixed-precision SFT forward (weights stay as loaded)
-    noise: float = key(0.0, **UNIT)  # chance that a demonstration answer is a random move, left out of the loss
-    context_loss: float = key(0.0, **NON_NEGATIVE)  # weight of the context tokens' NLL (observations) beside the answers'
 
 
 @dataclass

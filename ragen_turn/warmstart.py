@@ -89,17 +89,12 @@ THINK_FORMATS = {
 }
 
 
-def demo_responder(cfg: DictConfig, seed: int, noisy: set | None = None):
+def demo_responder(cfg: DictConfig, seed: int):
     """``respond(slot) -> str``: the next 1..k solver actions in the answer format (``k`` drawn from
     ``warmstart.actions_per_turn``; with ``warmstart.fit_turn_budget`` at least ``ceil(solution left / turns
     left)``, so a demonstration finishes within ``agent_proxy.max_turn`` whenever the solution allows). With
     ``warmstart.actions_as_shown`` each action is written as the page shows it (``env.as_shown``: WebShop's
-    ``click[B0ABC12345]`` where its solver says ``click[b0abc12345]``), which a model copies from the page.
-
-    With ``warmstart.noise`` > 0 each answer is, with that probability, one random action instead (DART: the
-    demonstrations then visit the states a policy's mistakes lead to, and the solver's answers from there teach the
-    recovery). ``(slot.seed, turn)`` of every such answer, and of every answer after the room became unsolvable, goes
-    into ``noisy``, so the SFT loss can leave them out."""
+    ``click[B0ABC12345]`` where its solver says ``click[b0abc12345]``), which a model copies from the page."""
     ws = cfg.model.warmstart
     apt = ws.actions_per_turn
     lo, hi = (apt, apt) if isinstance(apt, int) else (int(apt[0]), int(apt[-1]))
@@ -111,16 +106,9 @@ def demo_responder(cfg: DictConfig, seed: int, noisy: set | None = None):
     as_shown = bool(ws.get("actions_as_shown", False))
     turns_taken: Dict[int, int] = {}  # answers given so far per slot (one episode per slot)
 
-    noise = float(ws.get("noise", 0.0))
-
     def respond(slot: EnvSlot) -> str:
         env = slot.env
         plan = env.solve() if hasattr(env, "solve") else None
-        turn = turns_taken.get(id(slot), 0)
-        if noise and hasattr(env, "solve") and (plan is None or rng.random() < noise):  # a random move, not trained
-            turns_taken[id(slot)] = turn + 1
-            noisy.add((slot.seed, turn))
-            return f"<answer>{_action_name(env, rng.choice(env.get_all_actions()))}</answer>"
         if plan is None:
             raise ValueError(f"env {type(env).__name__} cannot produce demonstrations (no solve() or unsolvable state)")
         if takes_raw_response(env):  # the plan's first entry is the whole response (search_qa's <search> ...)
@@ -128,6 +116,7 @@ def demo_responder(cfg: DictConfig, seed: int, noisy: set | None = None):
             return (f"<think>{why}</think>" if think else "") + plan[0]
         cap = int(cfg.agent_proxy.max_actions_per_turn)
         k = rng.randint(int(lo), int(min(hi, cap)))
+        turn = turns_taken.get(id(slot), 0)
         turns_taken[id(slot)] = turn + 1
         if fit:  # enough actions per answer that the rest of the solution fits the turns left
             k = max(k, min(cap, -(-len(plan) // max(1, int(cfg.agent_proxy.max_turn) - turn))))
@@ -154,15 +143,10 @@ def collect_demonstrations(cfg: DictConfig, tokenizer: Any, n_episodes: int, see
     split.update(env_groups=n * len(tags), group_size=1, env_configs={"tags": tags, "n_groups": [n] * len(tags)})
     envs = EnvGroupManager(cfg.custom_envs, split, "train")
     formatter = ChatFormatter(tokenizer)
-    noisy: set = set()
-    episodes = run_episodes(envs.assign_seeds(seed, 10**6), TextPolicy(tokenizer, demo_responder(cfg, seed, noisy)),
+    episodes = run_episodes(envs.assign_seeds(seed, 10**6), TextPolicy(tokenizer, demo_responder(cfg, seed)),
                             formatter, context_config(cfg))
     envs.close()
-    demos = Trajectory.from_episodes(episodes, tokenizer.pad_token_id)
-    for b, e in enumerate(episodes):  # the random answers (warmstart.noise) are not trained on
-        for turn in {t for s, t in noisy if s == e.env_seed}:
-            demos.response_mask[b][demos.turn_ids[b] == turn] = 0.0
-    return demos
+    return Trajectory.from_episodes(episodes, tokenizer.pad_token_id)
 
 
 def warmstart_seed(cfg: DictConfig) -> int:
@@ -176,8 +160,7 @@ def warmstart_key(cfg: DictConfig, tokenizer: Any) -> str:
     model["warmstart"].pop("seed", None)  # counted once, as "seed" below
     model["warmstart"].pop("enable", None)  # whether it runs, not what it trains
     # keys at their defaults are left out, so caches made before the key existed keep their keys
-    for k, default in (("lr_schedule", "constant"), ("warmup_steps", 0), ("actions_as_shown", False), ("autocast", None),
-                       ("context_loss", 0.0), ("noise", 0.0)):
+    for k, default in (("lr_schedule", "constant"), ("warmup_steps", 0), ("actions_as_shown", False), ("autocast", None)):
         if model["warmstart"].get(k, default) == default:
             model["warmstart"].pop(k, None)
     for k in ("copy_pretrain_steps", "copy_pretrain_max_gap", "copy_pretrain_small_alphabet"):  # as the tiny hash
@@ -220,7 +203,6 @@ def sft(model: torch.nn.Module, demos: Trajectory, cfg: DictConfig, device: torc
     autocast = ws.get("autocast")
     amp = functools.partial(torch.autocast, device.type, dtype=getattr(torch, autocast)) if autocast \
         else contextlib.nullcontext
-    ctx_w = float(ws.get("context_loss", 0.0))
     g = torch.Generator().manual_seed(warmstart_seed(cfg) + 1)
     n = demos.batch_size
     order = torch.randperm(n, generator=g)
@@ -234,15 +216,10 @@ def sft(model: torch.nn.Module, demos: Trajectory, cfg: DictConfig, device: torc
         pos += ws.batch_size
         mask = mb.response_mask
         with amp():
-            logp = sequence_logprobs(model, mb.input_ids, mb.attention_mask, mb.position_ids,
-                                     token_mask=mb.attention_mask if ctx_w else mask)
+            logp = sequence_logprobs(model, mb.input_ids, mb.attention_mask, mb.position_ids, token_mask=mask)
         loss = -(logp * mask).sum() / mask.sum().clamp(min=1)
-        total = loss
-        if ctx_w:  # the context tokens' NLL: observations and chat template, as a language model reads them
-            ctx = mb.attention_mask * (1 - mask)
-            total = loss + ctx_w * -(logp * ctx).sum() / ctx.sum().clamp(min=1)
         opt.zero_grad(set_to_none=True)
-        total.backward()
+        loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
