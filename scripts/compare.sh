@@ -62,7 +62,12 @@ run_one() {  # <algo> <seed>: one run on one thread, its wall time logged
   local algo=$1 seed=$2 t0 rc dir
   t0=$(date +%s)
   dir=$("$PY" -c "import sys; from ragen_turn.train import compose_config; \
-print(compose_config(sys.argv[1:]).trainer.default_local_dir)" "${COMMON[@]}" "algo=$algo" "seed=$seed")
+print(compose_config(sys.argv[1:]).trainer.default_local_dir)" "${COMMON[@]}" "algo=$algo" "seed=$seed") || dir=
+  if [ -z "$dir" ]; then  # the config did not compose (its error is above): log the run as failed, go on
+    printf '%s\t%s\t%s\t%s\n' "$algo s$seed (config error)" 2 "$(( $(date +%s) - t0 ))" - >> "$LOG"
+    echo "[compare] $algo s$seed: the config does not compose; skipped"
+    return 0
+  fi
   mkdir -p "$dir"
   set +e
   OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 "$PY" -m ragen_turn.train "${COMMON[@]}" "algo=$algo" "seed=$seed" \
