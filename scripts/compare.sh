@@ -46,16 +46,19 @@ mkdir -p "$ROOT"
 LOG=$ROOT/walltimes_$SETTING.tsv
 echo "[compare] $SETTING: algos${ALGOS}; seeds $SEEDS; $PARALLEL at a time; log $LOG"
 
-# the shared warm start, once, before the parallel runs (which then load it)
-"$PY" - "${COMMON[@]}" algo=grpo <<'PYEOF' | tail -n 2
+# the shared warm start, once, before the parallel runs (which then load it). A warm start committed under
+# docs/results/<setting>/warmstart/<key>/ is used when its key matches (same weights on every machine: an SFT on
+# another CPU ends at other weights); `cp -r ~/.cache/ragen_turn/models/warmstart/<key> docs/results/<setting>/warmstart/`
+# pins one.
+"$PY" - "docs/results/$SETTING/warmstart" "${COMMON[@]}" algo=grpo <<'PYEOF' | tail -n 3
 import sys
 from ragen_turn.config import validate_config
 from ragen_turn.train import compose_config
 from ragen_turn.warmstart import build
 
-cfg = compose_config(sys.argv[1:])
+cfg = compose_config(sys.argv[2:])
 validate_config(cfg)
-print(f"[compare] warm start: {build(cfg)}")
+print(f"[compare] warm start: {build(cfg, pinned=sys.argv[1])}")
 PYEOF
 
 run_one() {  # <algo> <seed>: one run on one thread, its wall time logged

@@ -178,6 +178,35 @@ def test_build_makes_the_warm_start_once(tmp_path, monkeypatch):
     assert build(micro_config(["model.warmstart.enable=false"])) is None
 
 
+def test_build_copies_a_pinned_warm_start_instead_of_training(tmp_path, monkeypatch):
+    """build(cfg, pinned=DIR): a committed warm start under DIR/<key> is copied into an empty cache and loaded, with no
+    SFT, weights equal to the pinned ones; a DIR without the config's key builds as usual and says so."""
+    from ragen_turn.warmstart import build
+
+    cfg = micro_config(WS + ["model.warmstart.steps=2", "model.warmstart.episodes=4"])
+    monkeypatch.setenv("RAGEN_TURN_CACHE_DIR", str(tmp_path / "first"))
+    made = build(cfg, log=lambda s: None)
+    pinned = tmp_path / "pinned"
+    import shutil
+    shutil.copytree(made, pinned / made.name)
+    (pinned / "0123456789abcdef").mkdir()  # another config's entry beside it
+    monkeypatch.setenv("RAGEN_TURN_CACHE_DIR", str(tmp_path / "second"))
+    lines = []
+    path = build(cfg, log=lines.append, pinned=pinned)
+    assert path.name == made.name and str(path).startswith(str(tmp_path / "second"))
+    assert any("copied the pinned warm start" in ln for ln in lines), lines
+    assert any("loaded cached warm start" in ln for ln in lines) and not any("sft step" in ln for ln in lines)
+    from safetensors.torch import load_file
+    a, b = load_file(made / "model.safetensors"), load_file(path / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    # a config whose key the pinned folder lacks: built here, and the log says why
+    lines = []
+    other = build(micro_config(WS + ["model.warmstart.steps=3", "model.warmstart.episodes=4"]), log=lines.append,
+                  pinned=pinned)
+    assert other.name != made.name and any("has no warm start for key" in ln for ln in lines)
+    assert any("sft step 3/3" in ln for ln in lines)
+
+
 def test_sft_lr_schedule_warms_up_from_zero():
     """``warmup_steps`` ramps the rate from 0 (a 1-step SFT with 1 warm-up step changes nothing); ``cosine`` and
     ``constant`` are transformers' schedules; the key sees the schedule; a bad name is refused."""
