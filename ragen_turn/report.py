@@ -15,7 +15,8 @@ a sweep directory such as ``runs/sweep_gamma_lambda``, or ``runs/``), groups the
   measure (and RAGEN-2's MI when logged), ``intervals.png``, and the probability that one group's run beats
   another's (``ragen_turn.intervals``). ``--strata KEY`` splits a group's runs into tasks for the bootstrap.
 
-``--keep-runs`` also copies each run's config and the metrics the report reads to ``<out>/runs/`` (a few KB a run), so a
+``--keep-runs`` also copies each run's config, its ``provenance.json`` and the metrics the report reads to ``<out>/runs/``
+(a few KB a run), so a
 results page can be rebuilt, and added to, once the run directories are gone; a run found twice by name (its kept
 copy and the live run) counts once, as the copy that got furthest.
 
@@ -230,7 +231,8 @@ def _json_value(v: Any) -> Any:
 
 
 def keep_runs(runs: Sequence[Run], dest: Path) -> Path:
-    """``--keep-runs``: each run's config and its metrics cut to the keys the report reads (a few KB a run) into
+    """``--keep-runs``: each run's config, provenance (host, versions, starting weights) and its metrics cut to the
+    keys the report reads (a few KB a run) into
     ``dest/<run name>/``, so the report can be rebuilt from ``dest`` alone, after the runs themselves are gone
     (``docs/results/<setting>/runs/`` is committed; a later sweep's runs are added beside them)."""
     import shutil
@@ -244,7 +246,7 @@ def keep_runs(runs: Sequence[Run], dest: Path) -> Path:
         rows = [{k: _json_value(v) for k, v in row.items()
                  if k == "step" or k in KEPT_KEYS or k.startswith(KEPT_PREFIXES)} for row in r.rows]
         (d / "metrics.jsonl").write_text("".join(json.dumps(x, sort_keys=True) + "\n" for x in rows))
-        for f in [r.path / "config.yaml", *sorted(r.path.glob("eval_*.json"))]:
+        for f in [r.path / "config.yaml", r.path / "provenance.json", *sorted(r.path.glob("eval_*.json"))]:
             if f.is_file():
                 shutil.copyfile(f, d / f.name)
     return dest

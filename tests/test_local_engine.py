@@ -607,3 +607,31 @@ def test_critic_warmup_updates_only_the_critic_for_its_steps(tmp_path):
     for bad in (["algo=grpo"], ["algo=turn_ppo", "critic.shared_backbone=true"]):
         with pytest.raises(ValueError, match="trainer.critic_warmup=3"):
             validate_config(micro_config(bad + ["trainer.critic_warmup=3"], run_dir=tmp_path / "bad"))
+
+
+def test_provenance_records_host_versions_and_starting_weights_and_resume_appends(tmp_path):
+    """<run>/provenance.json: one entry per start or resume (step, CPU, versions); a fresh start also holds the sha256 of
+    the actor's starting weights, equal for two runs of one config on one machine; --keep-runs copies the file."""
+    from ragen_turn.engines.runlog import weights_sha256
+    from ragen_turn.report import keep_runs, load_run
+
+    common = ["algo=grpo", "trainer.save_freq=1", "trainer.total_training_steps=1"]
+    tr = build_trainer(micro_config(common, run_dir=tmp_path / "a"), log=_quiet)
+    start_sha = weights_sha256(tr.actor)
+    tr.fit()
+    other = build_trainer(micro_config(common, run_dir=tmp_path / "b"), log=_quiet)
+    entries = json.loads((tmp_path / "a" / "provenance.json").read_text())
+    assert len(entries) == 1 and entries[0]["step"] == 0 and entries[0]["start_weights_sha256"] == start_sha
+    assert json.loads((tmp_path / "b" / "provenance.json").read_text())[0]["start_weights_sha256"] == start_sha
+    assert entries[0]["torch"] == torch.__version__ and entries[0]["cpu"]
+    with torch.no_grad():
+        next(other.actor.parameters()).view(-1)[0] += 1e-3  # any change of any weight changes the hash
+    assert weights_sha256(other.actor) != start_sha
+    del other
+    resumed = build_trainer(micro_config(["algo=grpo", "trainer.save_freq=1", "trainer.total_training_steps=2",
+                                          "trainer.resume=true"], run_dir=tmp_path / "a"), log=_quiet)
+    resumed.fit()
+    entries = json.loads((tmp_path / "a" / "provenance.json").read_text())
+    assert [e["step"] for e in entries] == [0, 1] and "start_weights_sha256" not in entries[1]
+    kept = keep_runs([load_run(tmp_path / "a")], tmp_path / "kept")
+    assert json.loads((kept / "a" / "provenance.json").read_text()) == entries

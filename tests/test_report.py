@@ -393,8 +393,8 @@ def test_kept_runs_of_the_results_pages_are_not_gitignored():
     def ignored(path: str) -> bool:
         return subprocess.run(["git", "check-ignore", "-q", path], cwd=repo).returncode == 0
 
-    pages = sorted(p.name for p in (repo / "docs" / "results").iterdir() if (p / "runs").is_dir())
-    assert "long_turns" in pages
-    for page in pages:
-        assert not ignored(f"docs/results/{page}/runs/some_run/metrics.jsonl"), page
+    kept = sorted(str(p.relative_to(repo)) for p in (repo / "docs" / "results").rglob("runs") if p.is_dir())
+    assert "docs/results/long_turns/warmstart_a/runs" in kept, kept
+    for d in kept + ["docs/results/long_turns/runs"]:
+        assert not ignored(f"{d}/some_run/metrics.jsonl"), d
     assert ignored("runs/some_run/metrics.jsonl")

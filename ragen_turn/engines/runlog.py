@@ -125,6 +125,51 @@ def append_metrics(path: Path, metrics: Mapping[str, Any]) -> None:
         f.write(json.dumps(clean, sort_keys=True) + "\n")
 
 
+PROVENANCE_FILE = "provenance.json"
+
+
+def weights_sha256(model: torch.nn.Module) -> str:
+    """sha256 of a model's parameters and buffers (names, dtypes, shapes and bytes, in state-dict order)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for name, t in model.state_dict().items():
+        t = t.detach().to("cpu").contiguous()
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def record_provenance(out_dir: Path, step: int, actor: Optional[torch.nn.Module] = None) -> Dict[str, Any]:
+    """Append where and with what this process runs the run to ``<run>/provenance.json`` (one entry per start or
+    resume): the step it starts at, the CPU, the GPU if any, Python / torch / transformers versions and, on a fresh
+    start, the sha256 of the actor's starting weights (the warm start: an SFT on another CPU type ends at other
+    weights, so two runs of one config match only when these do). Returns the entry."""
+    import platform
+    import sys
+
+    import transformers
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
+    except OSError:
+        pass
+    entry: Dict[str, Any] = {"step": int(step), "cpu": cpu, "python": sys.version.split()[0],
+                             "torch": torch.__version__, "transformers": transformers.__version__,
+                             "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+    if actor is not None and step == 0:
+        entry["start_weights_sha256"] = weights_sha256(actor)
+    path = Path(out_dir) / PROVENANCE_FILE
+    try:
+        entries = json.loads(path.read_text()) if step > 0 and path.is_file() else []
+    except (OSError, ValueError):
+        entries = []
+    atomic_write_text(path, json.dumps(entries + [entry], indent=1) + "\n")
+    return entry
+
+
 GENERATIONS_FILE = "val_generations.jsonl"  # trainer.log_val_generations: held-out episodes as text, per eval
 
 

@@ -58,6 +58,7 @@ from ragen_turn.engines.runlog import (
     eta,
     fmt_duration,
     progress_line,
+    record_provenance,
     run_header,
     run_summary,
     truncate_metrics,
@@ -164,6 +165,7 @@ class StarPOTrainer:
         truncate_metrics(self.metrics_path, self.step, log=log)  # fresh run: fresh log; resumed: lines <= step
         truncate_metrics(self.out_dir / GENERATIONS_FILE, self.step, log=log)
         atomic_write_text(self.out_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+        record_provenance(self.out_dir, self.step, self.actor)
 
     # -------------------------------------------------------------------------------- rollout
     def rollout(self, step: int) -> Trajectory:

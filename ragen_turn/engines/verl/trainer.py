@@ -46,7 +46,8 @@ from ragen_turn.engines.common import (advantage_metrics, compute_advantages, ke
                                       turn_critic_targets)
 from ragen_turn.engines.runtime import derived_seed
 from ragen_turn.engines.runlog import (
-    GENERATIONS_FILE, append_metrics, episode_metrics, progress_line, run_header, truncate_metrics, write_generations,
+    GENERATIONS_FILE, append_metrics, episode_metrics, progress_line, record_provenance, run_header, truncate_metrics,
+    write_generations,
 )
 from ragen_turn.rollout import EnvSlot, Trajectory
 from ragen_turn.rollout.env_manager import EnvGroupManager
@@ -354,6 +355,7 @@ class StarPOTrainer(RayPPOTrainer):
         self._tracker = self._make_tracker()
         self.global_steps = 0
         self._load_checkpoint()
+        record_provenance(self.out_dir, self.global_steps)  # host and versions (the weights live in the workers)
         truncate_metrics(self.metrics_path, self.global_steps)  # fresh run: a fresh log; resumed: lines <= its step
         truncate_metrics(self.out_dir / GENERATIONS_FILE, self.global_steps)
         self.checkpoint_manager.update_weights(self.global_steps)
