@@ -15,10 +15,9 @@ a sweep directory such as ``runs/sweep_gamma_lambda``, or ``runs/``), groups the
   measure (and RAGEN-2's MI when logged), ``intervals.png``, and the probability that one group's run beats
   another's (``ragen_turn.intervals``). ``--strata KEY`` splits a group's runs into tasks for the bootstrap.
 
-``--keep-runs`` also copies each run's config, its ``provenance.json`` and the metrics the report reads to ``<out>/runs/``
-(a few KB a run), so a
-results page can be rebuilt, and added to, once the run directories are gone; a run found twice by name (its kept
-copy and the live run) counts once, as the copy that got furthest.
+``--keep-runs`` also copies each run's config, its ``provenance.json`` and the metrics the report reads to
+``<out>/runs/`` (a few KB a run), so a results page can be rebuilt, and added to, once the run directories are gone;
+a run found twice by name (its kept copy and the live run) counts once, as the copy that got furthest.
 
 Runs that crashed or are still going are used as they are, counted and marked with their last step;
 ``null`` / NaN values (the trainers write non-finite numbers as ``null``) are left out of every mean and
@@ -232,8 +231,7 @@ def _json_value(v: Any) -> Any:
 
 def keep_runs(runs: Sequence[Run], dest: Path) -> Path:
     """``--keep-runs``: each run's config, provenance (host, versions, starting weights) and its metrics cut to the
-    keys the report reads (a few KB a run) into
-    ``dest/<run name>/``, so the report can be rebuilt from ``dest`` alone, after the runs themselves are gone
+    keys the report reads (a few KB a run) into ``dest/<run name>/``, so the report can be rebuilt from ``dest`` alone, after the runs themselves are gone
     (``docs/results/<setting>/runs/`` is committed; a later sweep's runs are added beside them)."""
     import shutil
 
