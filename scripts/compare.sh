@@ -11,7 +11,8 @@
 #
 # Environment: ALGOS (default: the comparison's algorithms that have a config/algo/<name>.yaml), SEEDS
 # ("0 1 2 3 4"), PARALLEL (2), BUDGET_S (each run's trainer.time_budget_s for this call: a run that spends it
-# evaluates, checkpoints and stops, and the next call resumes it; unset = none).
+# evaluates, checkpoints and stops, and the next call resumes it; unset = none), DEADLINE (epoch seconds: each run's
+# budget ends then, and a run with under MIN_RUN_S (120) seconds left is not started: for a machine lent until a time).
 # Every call passes trainer.resume=true, so a killed or budget-stopped run continues from its last checkpoint and a
 # finished one only loads and exits. Runs go to ${RAGEN_TURN_RUNS_DIR:-runs}/compare/; one line per run and call goes
 # to walltimes_<setting>.tsv there:
@@ -62,8 +63,18 @@ print(f"[compare] warm start: {build(cfg, pinned=sys.argv[1])}")
 PYEOF
 
 run_one() {  # <algo> <seed>: one run on one thread, its wall time logged
-  local algo=$1 seed=$2 t0 rc dir
+  local algo=$1 seed=$2 t0 rc dir left deadline=()
   t0=$(date +%s)
+  if [ -n "${DEADLINE:-}" ]; then  # stop stepping by then; too little time left: not started (logged as such)
+    left=$(( DEADLINE - t0 ))
+    if [ "$left" -lt "${MIN_RUN_S:-120}" ]; then
+      printf '%s\t%s\t%s\t%s\n' "$algo s$seed (not started: ${left} s to DEADLINE)" - 0 - >> "$LOG"
+      echo "[compare] $algo s$seed: ${left} s to DEADLINE; not started"
+      return 0
+    fi
+    [ -n "${BUDGET_S:-}" ] && [ "$BUDGET_S" -lt "$left" ] && left=$BUDGET_S
+    deadline=("trainer.time_budget_s=$left")
+  fi
   dir=$("$PY" -c "import sys; from ragen_turn.train import compose_config; \
 print(compose_config(sys.argv[1:]).trainer.default_local_dir)" "${COMMON[@]}" "algo=$algo" "seed=$seed") || dir=
   if [ -z "$dir" ]; then  # the config did not compose (its error is above): log the run as failed, go on
@@ -74,7 +85,7 @@ print(compose_config(sys.argv[1:]).trainer.default_local_dir)" "${COMMON[@]}" "a
   mkdir -p "$dir"
   set +e
   OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 "$PY" -m ragen_turn.train "${COMMON[@]}" "algo=$algo" "seed=$seed" \
-    >> "$dir/train.log" 2>&1
+    ${deadline[@]+"${deadline[@]}"} >> "$dir/train.log" 2>&1
   rc=$?
   set -e
   local last
