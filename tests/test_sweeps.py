@@ -7,6 +7,7 @@ import functools
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -332,3 +333,19 @@ def test_paper_configs_only_set_existing_keys():
     assert "UNCONFIRMED" in next(ln for ln in common.splitlines() if "kl_loss_coef" in ln)
     for p in PAPERS + STPPO_PAPERS:
         assert f"python -m ragen_turn.train +paper={p}" in (ROOT / "config" / "paper" / f"{p}.yaml").read_text()
+
+
+def test_compare_script_starts_no_run_past_its_deadline(tmp_path):
+    """scripts/compare.sh with DEADLINE less than MIN_RUN_S away: the shared warm start is still made (here: the
+    committed long_turns one, copied), and each run is logged as not started, in the sweep's order, none run."""
+    env = {**os.environ, "RAGEN_TURN_RUNS_DIR": str(tmp_path / "runs"), "RAGEN_TURN_CACHE_DIR": str(tmp_path / "cache"),
+           "PYTHON": sys.executable, "ALGOS": "grpo turn_ppo", "SEEDS": "3 4", "PARALLEL": "2",
+           "DEADLINE": str(int(time.time()) + 100), "MIN_RUN_S": "600"}
+    out = subprocess.run(["bash", str(ROOT / "scripts" / "compare.sh"), "long_turns"], env=env, text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600)
+    assert out.returncode == 0, out.stdout
+    assert "copied the pinned warm start" in out.stdout, out.stdout
+    rows = (tmp_path / "runs" / "compare" / "walltimes_long_turns.tsv").read_text().splitlines()
+    assert sorted(r.split(" (")[0] for r in rows) == ["grpo s3", "grpo s4", "turn_ppo s3", "turn_ppo s4"], rows
+    assert all("not started" in r and "to DEADLINE" in r for r in rows), rows
+    assert not any(p.is_dir() for p in (tmp_path / "runs" / "compare").iterdir())
