@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Many small runs on one GPU: seconds per training step of one comparison run alone, then of N runs side by side
-# (scripts/compare.sh, PARALLEL=N), with CUDA MPS when MPS=1 (nvidia-cuda-mps-control: the runs' kernels share the GPU
+# (scripts/compare.sh, PARALLEL=N), with CUDA MPS when MPS=1 (compare.sh's MPS=1: the runs' kernels share the GPU
 # instead of taking turns). Prints each run's mean seconds per step (steps >= 2) and the throughput ratio
 # (steps per second of the N runs together / of the one run alone).
 #
@@ -33,20 +33,14 @@ EOF
 }
 
 echo "[bench] one run alone: turn_ppo s0"
-RAGEN_TURN_RUNS_DIR=$TMP/alone BUDGET_S=${BUDGET:-40} ALGOS=turn_ppo SEEDS=0 PARALLEL=1 \
+MPS=0 RAGEN_TURN_RUNS_DIR=$TMP/alone BUDGET_S=${BUDGET:-40} ALGOS=turn_ppo SEEDS=0 PARALLEL=1 \
   bash scripts/compare.sh "$SETTING" "${O[@]}" > "$TMP/alone.log" 2>&1 || { tail -20 "$TMP/alone.log"; exit 1; }
 ALONE=$(mean_step_s "$TMP/alone" | tee /dev/stderr | tail -n 1)
 
-if [ "${MPS:-0}" = 1 ]; then
-  export CUDA_MPS_PIPE_DIRECTORY=$TMP/mps_pipe CUDA_MPS_LOG_DIRECTORY=$TMP/mps_log
-  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-  nvidia-cuda-mps-control -d || { echo "[bench] nvidia-cuda-mps-control -d failed"; exit 1; }
-  trap 'echo quit | nvidia-cuda-mps-control' EXIT
-fi
 echo "[bench] $N runs side by side (MPS=${MPS:-0})"
 NA=$(echo ${ALGOS:-grpo token_ppo bi_level_gae turn_ppo turn_ppo_geo st_ppo so_grpo} | wc -w)
 SEEDS=""; for s in $(seq 0 $(( (N + NA - 1) / NA - 1 ))); do SEEDS="$SEEDS $s"; done
-RAGEN_TURN_RUNS_DIR=$TMP/side BUDGET_S=${BUDGET:-60} SEEDS="$SEEDS" PARALLEL="$N" \
+MPS=${MPS:-0} RAGEN_TURN_RUNS_DIR=$TMP/side BUDGET_S=${BUDGET:-60} SEEDS="$SEEDS" PARALLEL="$N" \
   bash scripts/compare.sh "$SETTING" "${O[@]}" > "$TMP/side.log" 2>&1 || { tail -20 "$TMP/side.log"; exit 1; }
 SIDE=$(mean_step_s "$TMP/side" | tee /dev/stderr | tail -n 1)
 "$PY" -c "import sys; a, s = map(float, sys.argv[1:]); print(f'[bench] steps/s: alone {a:.3f}, side by side {s:.3f}, ratio '

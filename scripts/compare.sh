@@ -12,7 +12,8 @@
 # Environment: ALGOS (default: the comparison's algorithms that have a config/algo/<name>.yaml), SEEDS
 # ("0 1 2 3 4"), PARALLEL (2), BUDGET_S (each run's trainer.time_budget_s for this call: a run that spends it
 # evaluates, checkpoints and stops, and the next call resumes it; unset = none), DEADLINE (epoch seconds: each run's
-# budget ends then, and a run with under MIN_RUN_S (120) seconds left is not started: for a machine lent until a time).
+# budget ends then, and a run with under MIN_RUN_S (120) seconds left is not started: for a machine lent until a time),
+# MPS=1 (runs on one GPU, device=cuda: a CUDA MPS daemon for this call, so the runs share the GPU; docs/results/gpu.md).
 # Every call passes trainer.resume=true, so a killed or budget-stopped run continues from its last checkpoint and a
 # finished one only loads and exits. Runs go to ${RAGEN_TURN_RUNS_DIR:-runs}/compare/; one line per run and call goes
 # to walltimes_<setting>.tsv there:
@@ -37,6 +38,9 @@ if [ -z "${ALGOS:-}" ]; then
   for a in grpo token_ppo bi_level_gae turn_ppo turn_ppo_geo st_ppo so_grpo; do
     [ -f "config/algo/$a.yaml" ] && ALGOS="$ALGOS $a"
   done
+fi
+if [ "${MPS:-0}" = 1 ] && ! command -v nvidia-cuda-mps-control > /dev/null; then
+  echo "[compare] MPS=1: nvidia-cuda-mps-control not found (it comes with NVIDIA's driver)" >&2; exit 2
 fi
 SEEDS=${SEEDS:-0 1 2 3 4}
 PARALLEL=${PARALLEL:-2}
@@ -96,6 +100,14 @@ print(compose_config(sys.argv[1:]).trainer.default_local_dir)" "${COMMON[@]}" "a
 export -f run_one
 export PY LOG
 export COMMON_STR="$(printf '%q ' "${COMMON[@]}")"
+if [ "${MPS:-0}" = 1 ]; then  # CUDA MPS: the parallel runs' kernels share the GPU instead of taking turns (gpu.md)
+  CUDA_MPS_PIPE_DIRECTORY=$(mktemp -d /tmp/ragen_turn_mps.XXXXXX); CUDA_MPS_LOG_DIRECTORY=$CUDA_MPS_PIPE_DIRECTORY/log
+  export CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+  mkdir -p "$CUDA_MPS_LOG_DIRECTORY"
+  nvidia-cuda-mps-control -d || { echo "[compare] MPS=1: the MPS daemon did not start" >&2; exit 2; }
+  trap 'echo quit | nvidia-cuda-mps-control' EXIT
+  echo "[compare] CUDA MPS daemon started ($CUDA_MPS_PIPE_DIRECTORY)"
+fi
 # seeds outer, algos inner: a partial sweep holds every algorithm at the same number of seeds
 for seed in $SEEDS; do for algo in $ALGOS; do echo "$algo $seed"; done; done | \
   xargs -P "$PARALLEL" -L 1 bash -c 'eval "COMMON=($COMMON_STR)"; run_one "$0" "$1"'

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import functools
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -349,3 +350,13 @@ def test_compare_script_starts_no_run_past_its_deadline(tmp_path):
     assert sorted(r.split(" (")[0] for r in rows) == ["grpo s3", "grpo s4", "turn_ppo s3", "turn_ppo s4"], rows
     assert all("not started" in r and "to DEADLINE" in r for r in rows), rows
     assert not any(p.is_dir() for p in (tmp_path / "runs" / "compare").iterdir())
+
+
+@pytest.mark.skipif(shutil.which("nvidia-cuda-mps-control") is not None, reason="this machine has CUDA MPS")
+def test_compare_script_with_mps_and_no_mps_control_stops_before_any_work(tmp_path):
+    env = {**os.environ, "RAGEN_TURN_RUNS_DIR": str(tmp_path / "runs"), "RAGEN_TURN_CACHE_DIR": str(tmp_path / "cache"),
+           "PYTHON": sys.executable, "MPS": "1"}
+    out = subprocess.run(["bash", str(ROOT / "scripts" / "compare.sh"), "long_turns"], env=env, text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120)
+    assert out.returncode == 2 and "nvidia-cuda-mps-control not found" in out.stdout, out.stdout
+    assert not (tmp_path / "cache").exists() and not (tmp_path / "runs").exists()
