@@ -51,11 +51,11 @@ mkdir -p "$ROOT"
 LOG=$ROOT/walltimes_$SETTING.tsv
 echo "[compare] $SETTING: algos${ALGOS}; seeds $SEEDS; $PARALLEL at a time; log $LOG"
 
-# the shared warm start, once, before the parallel runs (which then load it). A warm start committed under
-# docs/results/<setting>/warmstart/<key>/ is used when its key matches (same weights on every machine: an SFT on
-# another CPU ends at other weights); `cp -r ~/.cache/ragen_turn/models/warmstart/<key> docs/results/<setting>/warmstart/`
+# the shared warm start, once, before the parallel runs (which then load it; its SFT progress is printed). A warm
+# start committed under docs/results/<setting>/warmstart/<key>/ is used when its key matches (same weights on every
+# machine: an SFT on another CPU ends at other weights); `cp -r ~/.cache/ragen_turn/models/warmstart/<key> docs/results/<setting>/warmstart/`
 # pins one.
-"$PY" - "docs/results/$SETTING/warmstart" "${COMMON[@]}" algo=grpo <<'PYEOF' | tail -n 3
+"$PY" - "docs/results/$SETTING/warmstart" "${COMMON[@]}" algo=grpo <<'PYEOF' | sed -u "/^Loading weights/d"
 import sys
 from ragen_turn.config import validate_config
 from ragen_turn.train import compose_config
