@@ -19,7 +19,7 @@ TMP=$(mktemp -d)
 O=(device=${DEVICE:-cuda} trainer.val_before_train=false es_manager.val.env_groups=16 trainer.save_freq=0 "$@")
 PY=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
 
-mean_step_s() {  # <runs dir>: one line per run, "<mean s/step> <steps> <run>"; last line: steps/s of all together
+mean_step_s() {  # <runs dir>: one line per run, "<mean> s/step over <n> steps  <run>"; last line: steps/s of all together
   "$PY" - "$1" <<'EOF'
 import json, pathlib, sys
 total = 0.0

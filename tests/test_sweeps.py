@@ -338,7 +338,7 @@ def test_paper_configs_only_set_existing_keys():
 
 def test_compare_script_starts_no_run_past_its_deadline(tmp_path):
     """scripts/compare.sh with DEADLINE less than MIN_RUN_S away: the shared warm start is still made (here: the
-    committed long_turns one, copied), and each run is logged as not started, in the sweep's order, none run."""
+    committed long_turns one, copied), and each run is logged as not started; no run directory is made."""
     env = {**os.environ, "RAGEN_TURN_RUNS_DIR": str(tmp_path / "runs"), "RAGEN_TURN_CACHE_DIR": str(tmp_path / "cache"),
            "PYTHON": sys.executable, "ALGOS": "grpo turn_ppo", "SEEDS": "3 4", "PARALLEL": "2",
            "DEADLINE": str(int(time.time()) + 100), "MIN_RUN_S": "600"}
@@ -354,6 +354,7 @@ def test_compare_script_starts_no_run_past_its_deadline(tmp_path):
 
 @pytest.mark.skipif(shutil.which("nvidia-cuda-mps-control") is not None, reason="this machine has CUDA MPS")
 def test_compare_script_with_mps_and_no_mps_control_stops_before_any_work(tmp_path):
+    """MPS=1 where nvidia-cuda-mps-control is missing: exit 2 with the reason, before the warm start or any run dir."""
     env = {**os.environ, "RAGEN_TURN_RUNS_DIR": str(tmp_path / "runs"), "RAGEN_TURN_CACHE_DIR": str(tmp_path / "cache"),
            "PYTHON": sys.executable, "MPS": "1"}
     out = subprocess.run(["bash", str(ROOT / "scripts" / "compare.sh"), "long_turns"], env=env, text=True,
