@@ -341,6 +341,34 @@ def test_time_budget_ends_the_run_with_an_evaluated_checkpoint(tmp_path):
     assert resumed.step == 4
 
 
+def test_time_budget_stop_then_resume_matches_uninterrupted_run(tmp_path):
+    """A run stopped by its time budget (held-out eval + checkpoint at an odd step, as compare.sh's DEADLINE does)
+    and resumed trains exactly as one that never stopped: the extra evaluation leaves the training streams alone."""
+    common = ["algo=turn_ppo", "trainer.save_freq=0", "trainer.test_freq=0", "trainer.total_training_steps=3"]
+    full = build_trainer(micro_config(common, run_dir=tmp_path / "full"), log=_quiet)
+    full.fit()
+    part = build_trainer(micro_config(common + ["trainer.time_budget_s=1e-6"], run_dir=tmp_path / "part"),
+                         log=_quiet)
+    part.fit()
+    assert part.step == 1
+    resumed = build_trainer(micro_config(common + ["trainer.resume=true"], run_dir=tmp_path / "part"), log=_quiet)
+    resumed.fit()
+
+    def rows(p):
+        return [json.loads(l) for l in (p / "metrics.jsonl").read_text().splitlines()]
+
+    a, b = rows(tmp_path / "full"), rows(tmp_path / "part")
+    assert [r["step"] for r in a] == [r["step"] for r in b] == [0, 1, 2, 3]
+    assert "val/success" in b[1] and "val/success" not in a[1]  # the budget stop's own evaluation
+    for ra, rb in zip(a, b):
+        train_keys = [k for k in ra if not k.startswith(("perf/", "val/"))]
+        assert train_keys, ra
+        for k in train_keys:
+            assert ra[k] == pytest.approx(rb[k], rel=RESUME_RTOL, abs=RESUME_ATOL), (ra["step"], k)
+    for p1, p2 in zip(full.actor.parameters(), resumed.actor.parameters()):
+        assert torch.allclose(p1, p2, atol=1e-6)
+
+
 @pytest.mark.parametrize("override,key", [
     (["algo=grpo", "es_manager.train.group_size=1"], "group_size"),
     (["es_manager.train.env_configs.n_groups=[5]"], "n_groups"),
