@@ -176,6 +176,8 @@ class ActorOptimConfig:
     lr: float = key(**POSITIVE)
     weight_decay: float = key(**NON_NEGATIVE)
     betas: List[float] = key(length=2, each=Rule(ge=0, lt=1))
+    lr_warmup_steps: int = key(-1, ge=-1)  # verl's keys: linear warm-up over this many training steps;
+    lr_warmup_steps_ratio: float = key(0.0, ge=0, le=1)  # <= 0: this ratio x trainer.total_training_steps
 
 
 @dataclass
@@ -215,6 +217,8 @@ class ActorRolloutRefConfig:
 class CriticOptimConfig:
     lr: float = key(**POSITIVE)
     weight_decay: float = key(**NON_NEGATIVE)
+    lr_warmup_steps: int = key(-1, ge=-1)  # as the actor's
+    lr_warmup_steps_ratio: float = key(0.0, ge=0, le=1)
 
 
 @dataclass

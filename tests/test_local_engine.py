@@ -9,7 +9,7 @@ import torch
 from omegaconf import open_dict
 
 from ragen_turn.config import validate_config
-from ragen_turn.engines.local.trainer import StarPOTrainer, TurnPPOTrainer, build_trainer
+from ragen_turn.engines.local.trainer import StarPOTrainer, TurnPPOTrainer, build_trainer, warmup_lr_factor
 
 from helpers import TEST_DEVICE, micro_config
 
@@ -339,6 +339,49 @@ def test_time_budget_ends_the_run_with_an_evaluated_checkpoint(tmp_path):
     assert resumed.step == 1
     resumed.fit()
     assert resumed.step == 4
+
+
+@pytest.mark.parametrize("steps,ratio,total,want", [
+    (4, 0.0, 60, [0.0, 0.25, 0.5, 0.75, 1.0, 1.0]),  # n steps: index / n, the first update at lr 0
+    (-1, 0.1, 20, [0.0, 0.5, 1.0, 1.0]),             # -1: int(0.1 x 20) = 2 steps
+    (0, 0.25, 10, [0.0, 0.5, 1.0]),                  # 0 delegates to the ratio too (verl): int(2.5) = 2
+    (-1, 0.0, 60, [1.0, 1.0]),                       # the default: no warm-up
+    (1, 0.0, 60, [0.0, 1.0, 1.0]),
+])
+def test_warmup_lr_factor_is_verls_constant_schedule_with_warmup(steps, ratio, total, want):
+    cfg = {"lr_warmup_steps": steps, "lr_warmup_steps_ratio": ratio}
+    assert [warmup_lr_factor(cfg, i, total) for i in range(len(want))] == pytest.approx(want)
+
+
+def test_lr_warmup_scales_every_param_group_per_step_and_resumes_exactly(tmp_path):
+    """actor / critic ``optim.lr_warmup_steps=2``: the first update has lr 0 (weights unchanged), the second half
+    the config lr, then the config lr; each group keeps its own base (a shared critic's head has the critic's lr).
+    A run stopped after step 1 and resumed trains as one that never stopped."""
+    common = ["algo=turn_ppo", "trainer.save_freq=1", "trainer.test_freq=0", "trainer.total_training_steps=3",
+              "actor_rollout_ref.actor.optim.lr_warmup_steps=2", "critic.optim.lr_warmup_steps=2"]
+    full = build_trainer(micro_config(common, run_dir=tmp_path / "full"), log=_quiet)
+    a_lr, c_lr = full.cfg.actor_rollout_ref.actor.optim.lr, full.cfg.critic.optim.lr
+    before = [p.detach().clone() for p in full.actor.parameters()]
+    full.fit()
+    rows = [json.loads(l) for l in (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()][1:]
+    assert [r["actor/lr"] for r in rows] == pytest.approx([0.0, a_lr / 2, a_lr])
+    assert [r["critic/lr"] for r in rows] == pytest.approx([0.0, c_lr / 2, c_lr])
+
+    one = build_trainer(micro_config(common + ["trainer.total_training_steps=1"], run_dir=tmp_path / "one"),
+                        log=_quiet)
+    one.fit()
+    assert all(torch.equal(p0, p1) for p0, p1 in zip(before, one.actor.parameters()))  # lr 0: no move
+    resumed = build_trainer(micro_config(common + ["trainer.resume=true"], run_dir=tmp_path / "one"), log=_quiet)
+    resumed.fit()
+    for p1, p2 in zip(full.actor.parameters(), resumed.actor.parameters()):
+        assert torch.allclose(p1, p2, atol=1e-6)
+
+    shared = build_trainer(micro_config(["algo=turn_ppo", "critic.shared_backbone=true", "trainer.test_freq=0",
+                                         "trainer.total_training_steps=2", "trainer.save_freq=0",
+                                         "actor_rollout_ref.actor.optim.lr_warmup_steps=2"],
+                                        run_dir=tmp_path / "shared"), log=_quiet)
+    shared.fit()
+    assert [g["lr"] for g in shared.actor_optim.param_groups] == pytest.approx([a_lr / 2, c_lr / 2])
 
 
 def test_time_budget_stop_then_resume_matches_uninterrupted_run(tmp_path):

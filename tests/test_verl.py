@@ -360,7 +360,8 @@ def test_turn_start_critic_loss_equals_value_loss_on_turn_positions(model_dir):
 def test_config_mapping_is_accepted_by_verls_config_classes(model_dir, algo):
     from ragen_turn.engines.verl.config import check_verl_config
 
-    cfg, vcfg = verl_cfg(model_dir, f"algo={algo}", "actor_rollout_ref.actor.use_kl_loss=true")
+    cfg, vcfg = verl_cfg(model_dir, f"algo={algo}", "actor_rollout_ref.actor.use_kl_loss=true",
+                         "actor_rollout_ref.actor.optim.lr_warmup_steps=3", "critic.optim.lr_warmup_steps_ratio=0.1")
     built = check_verl_config(vcfg)  # verl's validate_config + its dataclasses (actor, rollout, model, critic, ...)
     a = built["actor"]
     ours = cfg.actor_rollout_ref.actor
@@ -370,6 +371,7 @@ def test_config_mapping_is_accepted_by_verls_config_classes(model_dir, algo):
     assert a.policy_loss.clip_bias_stat == ours.policy_loss.clip_bias_stat
     assert a.policy_loss.clip_bias_threshold == ours.policy_loss.clip_bias_threshold
     assert a.optim.lr == ours.optim.lr and a.ppo_epochs == cfg.ppo_epochs
+    assert (a.optim.lr_warmup_steps, a.optim.lr_warmup_steps_ratio) == (3, 0.0)  # verl runs the warm-up itself
     assert a.ppo_mini_batch_size == cfg.ppo_mini_batch_size and a.use_kl_loss and a.shuffle is False
     assert built["rollout"].n == 1 and built["rollout"].agent.default_agent_loop == "ragen_turn_env"
     assert built["rollout"].response_length == cfg.agent_proxy.max_context_tokens
@@ -377,6 +379,7 @@ def test_config_mapping_is_accepted_by_verls_config_classes(model_dir, algo):
     assert ("critic" in built) == (cfg.critic.level != "none")
     if "critic" in built:
         assert built["critic"].optim.lr == cfg.critic.optim.lr
+        assert (built["critic"].optim.lr_warmup_steps, built["critic"].optim.lr_warmup_steps_ratio) == (-1, 0.1)
         assert built["critic"].cliprange_value == cfg.critic.cliprange_value
     assert vcfg.trainer.use_v1 is False and vcfg.trainer.n_gpus_per_node == 2
     assert vcfg.ragen.algo.name == algo  # our whole config travels along

@@ -144,6 +144,11 @@ class StarPOTrainer:
         if self.critic is not None and not self.shared_critic:
             self.critic_optim = torch.optim.AdamW(self.critic.parameters(), lr=c.optim.lr,
                                                   weight_decay=c.optim.weight_decay)
+        self.base_lrs = {"actor": [g["lr"] for g in self.actor_optim.param_groups],
+                         "critic": [c.optim.lr] if self.critic_optim is not None else []}
+        for optim in (self.actor_optim, self.critic_optim):  # the config lr, kept beside a warm-up's lr
+            for g in optim.param_groups if optim is not None else []:
+                g["initial_lr"] = g["lr"]
         self.ctx = context_config(cfg)
         self.formatter = ChatFormatter(self.tokenizer)
         self.train_envs = EnvGroupManager(cfg.custom_envs, cfg.es_manager.train, "train")
@@ -239,6 +244,15 @@ class StarPOTrainer:
         perm = torch.randperm(n, generator=g)
         bm = self.cfg.ppo_mini_batch_size
         return [perm[i:i + bm] for i in range(0, n, bm) if len(perm[i:i + bm]) > 0]
+
+    def _set_lr(self, role: str, optim: torch.optim.Optimizer, optim_cfg, index: int) -> float:
+        """The lr of ``role``'s ``index``-th update (0-based, one per training step): its config lr times
+        :func:`warmup_lr_factor`, set on every param group (each keeps its own base lr). Derived from the step
+        alone, so a resumed run gets the same lr as one that never stopped. Returns the first group's lr."""
+        f = warmup_lr_factor(optim_cfg, index, int(self.cfg.trainer.total_training_steps))
+        for g, base in zip(optim.param_groups, self.base_lrs[role]):
+            g["lr"] = base * f
+        return optim.param_groups[0]["lr"]
 
     def _optimizer_step(self, model, optim, grad_clip: float) -> Optional[float]:
         """Clip and step; returns the grad norm, or None (and skips the step) if it is not finite."""
@@ -381,13 +395,18 @@ class StarPOTrainer:
         metrics: Dict[str, float] = {}
         skipped = 0
         if self.critic is not None and not self.shared_critic:
+            metrics["critic/lr"] = self._set_lr("critic", self.critic_optim, self.cfg.critic.optim, self.step)
             m, s = self._run_updates(batch, self.critic, self.critic_optim, self.critic_step_loss,
                                      self.cfg.critic.ppo_epochs, self.cfg.critic.grad_clip, "critic")
             metrics.update(m)
             skipped += s
-        if self.cfg.trainer.critic_warmup > self.step + 1:  # verl's rule and step count (from 1): critic only
+        warmup = self.cfg.trainer.critic_warmup
+        if warmup > self.step + 1:  # verl's rule and step count (from 1): critic only
             metrics["actor/critic_warmup"] = 1.0
             return self._after_update(metrics, skipped, rolled_back=False)
+        # the actor's updates count from its first one (verl steps its lr schedule only when the actor updates)
+        metrics["actor/lr"] = self._set_lr("actor", self.actor_optim, self.cfg.actor_rollout_ref.actor.optim,
+                                           self.step + 1 - max(warmup, 1))
         model, loss_of = self.actor, self.actor_loss
         if self.shared_critic:  # one optimizer step on actor + value head (clipped together)
             model, loss_of = torch.nn.ModuleList([self.actor, self.critic.value_head]), self.joint_loss
@@ -612,8 +631,10 @@ class StarPOTrainer:
         mine = [{k: g[k] for k in HYPERPARAMS if k in g} for g in optim.param_groups]
         optim.load_state_dict(state)
         for i, (g, want) in enumerate(zip(optim.param_groups, mine)):
-            changed = {k: (g[k], v) for k, v in want.items() if g[k] != v}
+            saved = {**g, "lr": g.get("initial_lr", g["lr"])}  # its config lr, not where a warm-up had it
+            changed = {k: (saved[k], v) for k, v in want.items() if saved[k] != v}
             g.update(want)
+            g["initial_lr"] = g["lr"]
             if changed:
                 self.log(f"[ragen_turn] resume: {name} optimizer group {i} takes the config's "
                          + ", ".join(f"{k} {old} -> {new}" for k, (old, new) in changed.items()))
@@ -647,6 +668,19 @@ class StarPOTrainer:
         self.unconfirmed = path
         self.log(f"[ragen_turn] resumed from {path} at step {self.step}")
         return True
+
+
+def warmup_lr_factor(optim_cfg, index: int, total_steps: int) -> float:
+    """verl's constant lr schedule with linear warm-up, as a factor on the config lr for update ``index``
+    (0-based; one per training step): ``index / n`` while ``index < n``, then 1, where
+    n = ``optim.lr_warmup_steps``, or ``int(lr_warmup_steps_ratio * total_steps)`` when that is 0 or negative
+    (verl's rule; RAGEN's own FSDP worker delegates only a negative one: the two differ only for 0 with a
+    ratio > 0). The first update of a warm-up thus has lr 0 (it fills Adam's moments only), as in verl and
+    transformers' ``get_constant_schedule_with_warmup``. n = 0: always 1."""
+    n = int(optim_cfg.get("lr_warmup_steps", -1))
+    if n <= 0:
+        n = int(float(optim_cfg.get("lr_warmup_steps_ratio", 0.0)) * total_steps)
+    return index / n if index < n else 1.0
 
 
 HYPERPARAMS = ("lr", "weight_decay", "betas")  # an optimizer's settings that come from the config, also on resume
