@@ -144,10 +144,8 @@ class StarPOTrainer:
         if self.critic is not None and not self.shared_critic:
             self.critic_optim = torch.optim.AdamW(self.critic.parameters(), lr=c.optim.lr,
                                                   weight_decay=c.optim.weight_decay)
-        self.base_lrs = {"actor": [g["lr"] for g in self.actor_optim.param_groups],
-                         "critic": [c.optim.lr] if self.critic_optim is not None else []}
-        for optim in (self.actor_optim, self.critic_optim):  # the config lr, kept beside a warm-up's lr
-            for g in optim.param_groups if optim is not None else []:
+        for optim in filter(None, (self.actor_optim, self.critic_optim)):  # each group's config lr, which a
+            for g in optim.param_groups:                                     # warm-up scales (_set_lr)
                 g["initial_lr"] = g["lr"]
         self.ctx = context_config(cfg)
         self.formatter = ChatFormatter(self.tokenizer)
@@ -245,13 +243,13 @@ class StarPOTrainer:
         bm = self.cfg.ppo_mini_batch_size
         return [perm[i:i + bm] for i in range(0, n, bm) if len(perm[i:i + bm]) > 0]
 
-    def _set_lr(self, role: str, optim: torch.optim.Optimizer, optim_cfg, index: int) -> float:
-        """The lr of ``role``'s ``index``-th update (0-based, one per training step): its config lr times
-        :func:`warmup_lr_factor`, set on every param group (each keeps its own base lr). Derived from the step
-        alone, so a resumed run gets the same lr as one that never stopped. Returns the first group's lr."""
+    def _set_lr(self, optim: torch.optim.Optimizer, optim_cfg, index: int) -> float:
+        """The lr of the ``index``-th update (0-based, one per training step): each param group's config lr
+        (``initial_lr``) times :func:`warmup_lr_factor`. Derived from the step alone, so a resumed run gets the
+        same lr as one that never stopped. Returns the first group's lr."""
         f = warmup_lr_factor(optim_cfg, index, int(self.cfg.trainer.total_training_steps))
-        for g, base in zip(optim.param_groups, self.base_lrs[role]):
-            g["lr"] = base * f
+        for g in optim.param_groups:
+            g["lr"] = g["initial_lr"] * f
         return optim.param_groups[0]["lr"]
 
     def _optimizer_step(self, model, optim, grad_clip: float) -> Optional[float]:
@@ -395,7 +393,7 @@ class StarPOTrainer:
         metrics: Dict[str, float] = {}
         skipped = 0
         if self.critic is not None and not self.shared_critic:
-            metrics["critic/lr"] = self._set_lr("critic", self.critic_optim, self.cfg.critic.optim, self.step)
+            metrics["critic/lr"] = self._set_lr(self.critic_optim, self.cfg.critic.optim, self.step)
             m, s = self._run_updates(batch, self.critic, self.critic_optim, self.critic_step_loss,
                                      self.cfg.critic.ppo_epochs, self.cfg.critic.grad_clip, "critic")
             metrics.update(m)
@@ -405,7 +403,7 @@ class StarPOTrainer:
             metrics["actor/critic_warmup"] = 1.0
             return self._after_update(metrics, skipped, rolled_back=False)
         # the actor's updates count from its first one (verl steps its lr schedule only when the actor updates)
-        metrics["actor/lr"] = self._set_lr("actor", self.actor_optim, self.cfg.actor_rollout_ref.actor.optim,
+        metrics["actor/lr"] = self._set_lr(self.actor_optim, self.cfg.actor_rollout_ref.actor.optim,
                                            self.step + 1 - max(warmup, 1))
         model, loss_of = self.actor, self.actor_loss
         if self.shared_critic:  # one optimizer step on actor + value head (clipped together)
