@@ -246,7 +246,8 @@ class StarPOTrainer:
     def _set_lr(self, optim: torch.optim.Optimizer, optim_cfg, index: int) -> float:
         """The lr of the ``index``-th update (0-based, one per training step): each param group's config lr
         (``initial_lr``) times :func:`warmup_lr_factor`. Derived from the step alone, so a resumed run gets the
-        same lr as one that never stopped. Returns the first group's lr."""
+        same lr as one that never stopped. Returns the first group's lr, the one this update uses (verl logs its
+        ``actor/lr`` after stepping the schedule: the next update's)."""
         f = warmup_lr_factor(optim_cfg, index, int(self.cfg.trainer.total_training_steps))
         for g in optim.param_groups:
             g["lr"] = g["initial_lr"] * f
