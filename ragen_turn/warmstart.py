@@ -86,7 +86,21 @@ THINK_FORMATS = {
     # the grid restated, then the whole remaining plan; the answer is its first action(s). A long think of a form
     # a solver can write and a small model can learn (copy the state, plan ahead): about 60 tokens at 6x6
     "state_plan": lambda env, actions, plan: f"State:\n{env.render().strip()}\nPlan: {', '.join(plan)}.",
+    # each action but the last, then the grid after it: what the answer's next action is planned on, written out
+    # (a one-action answer thinks nothing). Needs env.copy(); about 45 tokens per extra action at 6x6
+    "simulate": lambda env, actions, plan: "\n".join(f"{a}:\n{b}" for a, b in zip(actions, _grids_after(env, actions))),
 }
+
+
+def _grids_after(env: Any, actions: List[str]) -> List[str]:
+    """The rendered grid after each of ``actions`` but the last, stepped on a copy of ``env``."""
+    if not callable(getattr(env, "copy", None)):
+        raise ValueError(f"model.warmstart.think=simulate needs env.copy(), and {type(env).__name__} has none")
+    sim, grids = env.copy(), []
+    for a in actions[:-1]:
+        sim.step(a)
+        grids.append(sim.render().strip())
+    return grids
 
 
 def demo_responder(cfg: DictConfig, seed: int):
