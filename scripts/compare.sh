@@ -10,7 +10,8 @@
 #   (--keep-runs: the runs' configs and metrics are kept, committed, in docs/results/<setting>/runs: the page survives runs/)
 #
 # Environment: ALGOS (default: the comparison's algorithms that have a config/algo/<name>.yaml), SEEDS
-# ("0 1 2 3 4"), PARALLEL (2), BUDGET_S (each run's trainer.time_budget_s for this call: a run that spends it
+# ("0 1 2 3 4"), RUNS (instead of ALGOS x SEEDS, a list of algo:seed, e.g. "grpo:3 st_ppo:4": the runs another
+# machine has not made), PARALLEL (2), BUDGET_S (each run's trainer.time_budget_s for this call: a run that spends it
 # evaluates, checkpoints and stops, and the next call resumes it; unset = none), DEADLINE (epoch seconds: each run's
 # budget ends then, and a run with under MIN_RUN_S (120) seconds left is not started: for a machine lent until a time),
 # MPS=1 (runs on one GPU, device=cuda: a CUDA MPS daemon for this call, so the runs share the GPU; docs/results/gpu.md).
@@ -109,6 +110,9 @@ if [ "${MPS:-0}" = 1 ]; then  # CUDA MPS: the parallel runs' kernels share the G
   echo "[compare] CUDA MPS daemon started ($CUDA_MPS_PIPE_DIRECTORY)"
 fi
 # seeds outer, algos inner: a partial sweep holds every algorithm at the same number of seeds
-for seed in $SEEDS; do for algo in $ALGOS; do echo "$algo $seed"; done; done | \
-  xargs -P "$PARALLEL" -L 1 bash -c 'eval "COMMON=($COMMON_STR)"; run_one "$0" "$1"'
+runs() {
+  if [ -n "${RUNS:-}" ]; then for r in $RUNS; do echo "${r%%:*} ${r##*:}"; done; return; fi
+  for seed in $SEEDS; do for algo in $ALGOS; do echo "$algo $seed"; done; done
+}
+runs | xargs -P "$PARALLEL" -L 1 bash -c 'eval "COMMON=($COMMON_STR)"; run_one "$0" "$1"'
 echo "[compare] done: $LOG"

@@ -336,18 +336,23 @@ def test_paper_configs_only_set_existing_keys():
         assert f"python -m ragen_turn.train +paper={p}" in (ROOT / "config" / "paper" / f"{p}.yaml").read_text()
 
 
-def test_compare_script_starts_no_run_past_its_deadline(tmp_path):
+@pytest.mark.parametrize("runs, expected", [
+    ({"ALGOS": "grpo turn_ppo", "SEEDS": "3 4"}, ["grpo s3", "grpo s4", "turn_ppo s3", "turn_ppo s4"]),
+    ({"ALGOS": "grpo turn_ppo", "SEEDS": "3 4", "RUNS": "st_ppo:1 grpo:4"}, ["grpo s4", "st_ppo s1"]),
+])
+def test_compare_script_starts_no_run_past_its_deadline(tmp_path, runs, expected):
     """scripts/compare.sh with DEADLINE less than MIN_RUN_S away: the shared warm start is still made (here: the
-    committed long_turns one, copied), and each run is logged as not started; no run directory is made."""
+    committed long_turns one, copied), and each run (ALGOS x SEEDS, or the RUNS list instead) is logged as not
+    started; no run directory is made."""
     env = {**os.environ, "RAGEN_TURN_RUNS_DIR": str(tmp_path / "runs"), "RAGEN_TURN_CACHE_DIR": str(tmp_path / "cache"),
-           "PYTHON": sys.executable, "ALGOS": "grpo turn_ppo", "SEEDS": "3 4", "PARALLEL": "2",
-           "DEADLINE": str(int(time.time()) + 100), "MIN_RUN_S": "600"}
+           "PYTHON": sys.executable, "PARALLEL": "2", "DEADLINE": str(int(time.time()) + 100), "MIN_RUN_S": "600",
+           **runs}
     out = subprocess.run(["bash", str(ROOT / "scripts" / "compare.sh"), "long_turns"], env=env, text=True,
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600)
     assert out.returncode == 0, out.stdout
     assert "copied the pinned warm start" in out.stdout, out.stdout
     rows = (tmp_path / "runs" / "compare" / "walltimes_long_turns.tsv").read_text().splitlines()
-    assert sorted(r.split(" (")[0] for r in rows) == ["grpo s3", "grpo s4", "turn_ppo s3", "turn_ppo s4"], rows
+    assert sorted(r.split(" (")[0] for r in rows) == expected, rows
     assert all("not started" in r and "to DEADLINE" in r for r in rows), rows
     assert not any(p.is_dir() for p in (tmp_path / "runs" / "compare").iterdir())
 
