@@ -3,15 +3,17 @@ they are meant to (long_horizon: LargerSokoban, one move per turn, up to 20 turn
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
 from helpers import micro_config, tiny_tokenizer
 from ragen_turn.config import validate_config
 from ragen_turn.train import compose_config
-from ragen_turn.warmstart import collect_demonstrations
+from ragen_turn.warmstart import collect_demonstrations, warmstart_key
 
 BASE = ["actor_rollout_ref.rollout.response_length=16"]
+RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"
 
 
 @pytest.mark.parametrize("setting", ["long_horizon", "long_turns"])
@@ -35,3 +37,14 @@ def test_long_horizon_is_one_move_per_turn_on_larger_sokoban():
         answers = re.findall(r"assistant\n<answer>(.*?)</answer>", text)
         assert answers and all(a in ("Up", "Down", "Left", "Right") for a in answers)  # one move per turn
         assert len(answers) == int(demos.turn_mask[i].sum())
+
+
+@pytest.mark.parametrize("setting", ["long_horizon", "long_turns"])
+def test_the_committed_warm_start_is_the_one_the_comparison_loads(setting):
+    """docs/results/<setting>/warmstart/ holds exactly one warm start, under the key of the comparison's config
+    (`scripts/compare.sh <setting>`: `+sweep=compare`), so a change to the setting's warm-start keys cannot leave
+    the comparison silently training a new one (or the page describing another)."""
+    cfg = compose_config(["env=sokoban", f"+setting={setting}", "+sweep=compare"])
+    tok = tiny_tokenizer()
+    committed = sorted(p.name for p in (RESULTS / setting / "warmstart").iterdir())
+    assert committed == [warmstart_key(cfg, tok)]
