@@ -1,0 +1,43 @@
+"""Every committed results page (docs/results/**/results.md) whose runs are committed too is what
+`python -m ragen_turn.report` makes from those runs today: a page cannot go stale when runs are added or moved."""
+import re
+from pathlib import Path
+
+import pytest
+
+from ragen_turn import report
+
+REPO = Path(__file__).resolve().parents[1]
+PAGES = sorted((REPO / "docs" / "results").rglob("results.md"))
+
+
+def _sources(text: str) -> list[str]:
+    m = re.search(r"^\d+ runs in \d+ groups? from (.*)\.$", text, re.M)
+    assert m, "a results page starts with 'N runs in G groups from `dir`, ...'"
+    return re.findall(r"`([^`]+)`", m.group(1))
+
+
+def _committed(page: Path) -> bool:
+    return all(s.startswith("docs/") and (REPO / s).is_dir() for s in _sources(page.read_text()))
+
+
+def _without_plots(text: str) -> list[str]:
+    """The page's lines less the plot links (a page built with plots=False says so instead)."""
+    return [ln for ln in text.splitlines() if not ln.startswith(("Plots:", "Plot:")) and ln.strip()]
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if _committed(p)], ids=lambda p: str(p.relative_to(REPO)))
+def test_committed_results_page_is_rebuilt_from_its_kept_runs(page, tmp_path, monkeypatch):
+    monkeypatch.chdir(REPO)  # the page names its sources relative to the repository root
+    text = page.read_text()
+    header = next(ln for ln in text.splitlines() if ln.startswith("| ") and "init val success" in ln)
+    group_by = [k.strip() for k in header.split("|")[1].split(",")]
+    threshold = float(re.search(r"steps to ([0-9.]+)", header).group(1))
+    rebuilt = report.build_report(_sources(text), tmp_path, group_by=group_by, threshold=threshold, plots=False)
+    assert _without_plots(rebuilt) == _without_plots(text)
+
+
+def test_the_comparison_pages_are_among_those_checked():
+    checked = {str(p.relative_to(REPO)) for p in PAGES if _committed(p)}
+    for setting in ("long_horizon", "long_turns"):
+        assert f"docs/results/{setting}/results.md" in checked, checked
