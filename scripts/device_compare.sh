@@ -17,29 +17,30 @@
 set -uo pipefail
 T0=$(date +%s)
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/device_compare_out}; mkdir -p "$OUT"
+OUT=${OUT:-/tmp/device_compare_out}; mkdir -p "$OUT"; : > "$OUT/compare.log"
 WHEELS=${WHEELS:-.whl}
 [ -d /tmp/site/transformers ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site "$WHEELS"/*.whl || exit 1
 export PYTHONPATH=/tmp/site PYTHON=python3 PYTHONUNBUFFERED=1
-ln -sfn ../envs ragen_turn/envs   # what setup.py's package_dir stands for, without an install
+if [ ! -e ragen_turn/envs ]; then  # what setup.py's package_dir stands for, without an install; removed at the end
+  ln -s ../envs ragen_turn/envs && trap 'rm -f ragen_turn/envs' EXIT
+fi
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader; nproc
 (while sleep 15; do echo "$(( $(date +%s) - T0 )) s $(nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader) load $(cut -d' ' -f1 /proc/loadavg) runs $(pgrep -fc 'python3 -m ragen_turn[.]train')"; done) > "$OUT/mon.log" 2>&1 &
 MON=$!
 export DEADLINE=$(( T0 + ${W:-500} )) MIN_RUN_S=${MINRUN:-100} SEEDS=${SEEDS:-0 1 2 3 4}
 echo "[device] $(( $(date +%s) - T0 )) s: compare ${SETTING:-long_turns}, deadline in $(( DEADLINE - $(date +%s) )) s"
+compare() {  # <MPS 0|1> <runs at once>: compare.sh until HARD, appending to compare.log; returns its exit status
+  # shellcheck disable=SC2086  # EXTRA is a list of overrides
+  MPS=$1 PARALLEL=$2 timeout $(( T0 + ${HARD:-565} - $(date +%s) )) \
+    bash scripts/compare.sh "${SETTING:-long_turns}" device=cuda ${EXTRA:-} >> "$OUT/compare.log" 2>&1
+}
 t=$(date +%s)
-# shellcheck disable=SC2086  # EXTRA is a list of overrides
-MPS=1 PARALLEL=${PAR:-21} timeout $(( T0 + ${HARD:-565} - t )) \
-  bash scripts/compare.sh "${SETTING:-long_turns}" device=cuda ${EXTRA:-} > "$OUT/compare.log" 2>&1
-rc=$?
+compare 1 "${PAR:-21}"; rc=$?
 echo "[device] $(( $(date +%s) - T0 )) s: compare rc $rc"
 if [ $rc = 2 ] && [ $(( $(date +%s) - t )) -lt 60 ]; then  # MPS did not start: without it, fewer at once
   tail -5 "$OUT/compare.log"
-  t=$(date +%s)
-  # shellcheck disable=SC2086
-  PARALLEL=10 timeout $(( T0 + ${HARD:-565} - t )) \
-    bash scripts/compare.sh "${SETTING:-long_turns}" device=cuda ${EXTRA:-} >> "$OUT/compare.log" 2>&1
+  compare 0 10
   echo "[device] $(( $(date +%s) - T0 )) s: compare (no MPS) rc $?"
 fi
 # runs that outlived the timeout; the pattern names the interpreter, so it cannot match this shell's own command line
