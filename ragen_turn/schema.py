@@ -308,6 +308,7 @@ class WarmstartConfig:
     episodes: int = key(**COUNT)
     steps: int = key(**NON_NEGATIVE)
     batch_size: int = key(**COUNT)
+    micro_batch_size: int = key(0, **NON_NEGATIVE)  # episodes per forward/backward, length-sorted (0 = the batch)
     lr: float = key(**POSITIVE)
     lr_schedule: str = key("constant", choices=("constant", "cosine"))  # after warmup_steps of linear warm-up
     warmup_steps: int = key(0, **NON_NEGATIVE)

@@ -36,7 +36,7 @@ from ragen_turn.rollout import (
     takes_raw_response,
 )
 
-WARMSTART_VERSION = 2  # 2: Sokoban rooms from RAGEN's generator rules
+WARMSTART_VERSION = 3  # 2: Sokoban rooms from RAGEN's generator rules; 3: SFT in length-sorted micro-batches
 
 
 def _action_name(env: Any, action: Any) -> str:
@@ -173,6 +173,7 @@ def warmstart_key(cfg: DictConfig, tokenizer: Any) -> str:
     model = OmegaConf.to_container(cfg.model, resolve=True)
     model["warmstart"].pop("seed", None)  # counted once, as "seed" below
     model["warmstart"].pop("enable", None)  # whether it runs, not what it trains
+    model["warmstart"].pop("micro_batch_size", None)  # memory and speed: the same batch loss in any micro-batches
     # keys at their defaults are left out, so caches made before the key existed keep their keys
     for k, default in (("lr_schedule", "constant"), ("warmup_steps", 0), ("actions_as_shown", False), ("autocast", None)):
         if model["warmstart"].get(k, default) == default:
@@ -198,7 +199,8 @@ def warmstart_key(cfg: DictConfig, tokenizer: Any) -> str:
 
 
 def sft(model: torch.nn.Module, demos: Trajectory, cfg: DictConfig, device: torch.device, log=print) -> Dict[str, float]:
-    """Response-token NLL, AdamW, ``warmstart.steps`` steps of ``warmstart.batch_size`` episodes; the learning rate
+    """Response-token NLL, AdamW, ``warmstart.steps`` steps of ``warmstart.batch_size`` episodes (each forward and
+    backward in length-sorted micro-batches of ``warmstart.micro_batch_size``: the batch's loss, less padding); the learning rate
     follows ``warmstart.lr_schedule`` (transformers' ``constant_with_warmup`` or ``cosine``, to 0 at the last step)
     after ``warmstart.warmup_steps`` of linear warm-up. ``warmstart.autocast: bfloat16`` runs the forward under
     ``torch.autocast`` (matmuls in bf16, weights, gradients and AdamW in the model's dtype): on a CPU with AVX512-BF16
@@ -226,18 +228,23 @@ def sft(model: torch.nn.Module, demos: Trajectory, cfg: DictConfig, device: torc
     for step in range(int(ws.steps)):
         if pos + ws.batch_size > n:
             order, pos = torch.randperm(n, generator=g), 0
-        mb = demos.select(order[pos:pos + ws.batch_size]).to(device)
+        batch = demos.select(order[pos:pos + ws.batch_size])
         pos += ws.batch_size
-        mask = mb.response_mask
-        with amp():
-            logp = sequence_logprobs(model, mb.input_ids, mb.attention_mask, mb.position_ids, token_mask=mask)
-        loss = -(logp * mask).sum() / mask.sum().clamp(min=1)
+        n_tokens = batch.response_mask.sum().clamp(min=1)
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        loss = 0.0
+        for idx in batch.micro_batches(int(ws.get("micro_batch_size") or 0) or batch.batch_size):
+            mb = batch.select(idx).to(device)
+            mask = mb.response_mask
+            with amp():
+                logp = sequence_logprobs(model, mb.input_ids, mb.attention_mask, mb.position_ids, token_mask=mask)
+            part = -(logp * mask).sum() / n_tokens.to(device)  # this micro-batch's share of the batch mean
+            part.backward()
+            loss += part.detach()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
-        losses.append(loss.item())
+        losses.append(float(loss))
         done = step + 1
         if done % max(1, int(ws.steps) // 20) == 0 or done in (1, int(ws.steps)) or time.time() - shown >= 30:
             shown = time.time()

@@ -10,6 +10,7 @@ from omegaconf import open_dict
 
 from ragen_turn.config import validate_config
 from ragen_turn.engines.local.trainer import StarPOTrainer, TurnPPOTrainer, build_trainer, warmup_lr_factor
+from ragen_turn.warmstart import collect_demonstrations
 
 from helpers import TEST_DEVICE, micro_config
 
@@ -74,6 +75,29 @@ def test_turn_critic_reads_values_at_turn_starts(tmp_path):
                   (t == 0 or batch.response_mask[b, t - 1] == 0)]
         for h, t in enumerate(starts):
             assert batch.turn_values[b, h].item() == pytest.approx(raw[b, t - 1].item(), abs=1e-6)
+
+
+def test_scoring_in_length_sorted_micro_batches_keeps_each_rows_numbers(tmp_path):
+    """``_forward_all`` runs rows of similar length together; its rows come back in the batch's order, equal to a
+    forward of each row alone on its real tokens."""
+    cfg = micro_config(["algo=turn_ppo", "micro_batch_size_per_gpu=3"], run_dir=tmp_path)
+    tr = build_trainer(cfg, log=_quiet)
+    batch = collect_demonstrations(cfg, tr.tokenizer, 8, seed=3)  # solver episodes: 1 to 5 turns
+    lengths = batch.attention_mask.sum(dim=1)
+    assert lengths.unique().numel() > 1 and not torch.equal(torch.argsort(lengths, stable=True),
+                                                             torch.arange(batch.batch_size))
+    logp = tr._forward_all(lambda *a: tr.logprobs(tr.actor, *a), batch)
+    values = tr._forward_all(lambda ids, am, pos, rm: tr.critic(ids, am, pos), batch)
+    assert logp.shape == values.shape == batch.input_ids.shape
+    for b in range(batch.batch_size):
+        row = batch.select([b])
+        n = int(lengths[b])
+        with torch.no_grad():
+            alone = tr.logprobs(tr.actor, row.input_ids, row.attention_mask, row.position_ids, row.response_mask)
+            v_alone = tr.critic(row.input_ids, row.attention_mask, row.position_ids)
+        torch.testing.assert_close(logp[b, :n], alone[0].float(), rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(values[b, :n], v_alone[0].float(), rtol=1e-4, atol=1e-5)
+        assert not logp[b, n:].any()
 
 
 def test_turn_ppo_one_turn_takes_the_sequence_level_update(tmp_path):

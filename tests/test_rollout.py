@@ -245,3 +245,17 @@ def test_trajectory_to_is_a_copy_and_positions_follow_the_mask():
     assert all(getattr(moved, k).device.type == "meta" for k in ("input_ids", "turn_mask", "old_logp"))
     assert batch.input_ids.device.type == "cpu" and moved.values is None
     assert batch.position_ids.tolist() == [[0, 1, 2], [0, 1, 1]] == positions_from_mask(batch.attention_mask).tolist()
+
+
+def test_micro_batches_group_rows_of_similar_length_and_cover_each_row_once():
+    lengths = [7, 2, 9, 4, 4, 1, 8]
+    eps = [Episode(token_ids=list(range(1, n + 1)), response_mask=[0] * (n - 1) + [1], turn_ids=[-1] * (n - 1) + [0],
+                   turn_rewards=[0.0], group_id=i, env_seed=i) for i, n in enumerate(lengths)]
+    batch = Trajectory.from_episodes(eps, pad_token_id=0)
+    chunks = batch.micro_batches(3)
+    assert [len(c) for c in chunks] == [3, 3, 1]
+    assert sorted(torch.cat(chunks).tolist()) == list(range(len(lengths)))
+    assert [[lengths[i] for i in c.tolist()] for c in chunks] == [[1, 2, 4], [4, 7, 8], [9]]
+    # selected, a chunk is as wide as its longest row: 4 columns here, where the batch has 9
+    assert batch.select(chunks[0]).input_ids.shape == (3, 4)
+    assert [len(c) for c in batch.micro_batches(100)] == [7]

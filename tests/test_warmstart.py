@@ -88,6 +88,29 @@ def test_sft_under_bf16_autocast_learns_like_float32_and_keeps_float32_weights()
     assert any(not torch.equal(p, q) for p, q in zip(m16.parameters(), m32.parameters()))
 
 
+def test_sft_in_micro_batches_takes_the_batch_step():
+    """micro_batch_size only splits each batch's forward and backward (length-sorted): the same NLL and weights as
+    the whole batch in one forward, to float rounding."""
+    from ragen_turn.warmstart import sft
+
+    cfg = micro_config(WS + ["model.warmstart.steps=3"])
+    model, tok = load_model_and_tokenizer(OmegaConf.to_container(cfg.model, resolve=True))
+    demos = collect_demonstrations(cfg, tok, 8, seed=3)
+    assert demos.attention_mask.sum(dim=1).unique().numel() > 1  # rows of several lengths: the chunks differ
+    runs = {}
+    for micro in (0, 3):
+        run_cfg = micro_config(WS + ["model.warmstart.steps=3", f"model.warmstart.micro_batch_size={micro}"])
+        m = copy.deepcopy(model)
+        runs[micro] = (sft(m, demos, run_cfg, torch.device("cpu"), log=lambda s: None)["sft/final_nll"], m)
+    assert runs[3][0] == pytest.approx(runs[0][0], rel=1e-5)
+    moved = [not torch.equal(p, q) for p, q in zip(runs[0][1].parameters(), model.parameters())]
+    assert any(moved)
+    for p, q in zip(runs[0][1].parameters(), runs[3][1].parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-6)
+    assert warmstart_key(micro_config(WS + ["model.warmstart.micro_batch_size=3"]), tok) == \
+        warmstart_key(micro_config(WS), tok)  # memory and speed only: the same cached warm start
+
+
 def test_fit_turn_budget_makes_demonstrations_finish_in_the_turns():
     """One action per answer runs out of turns on rooms with long solutions; fit_turn_budget answers at least
     ceil(solution left / turns left) actions, so every room whose solution fits the action budget is solved."""

@@ -120,6 +120,17 @@ class Trajectory:
         sub = Trajectory(**out)
         return sub.trim()
 
+    def micro_batches(self, size: int) -> List[torch.Tensor]:
+        """Row indices in chunks of ``size`` (the last may be shorter), rows of similar length together: every
+        row appears once, and a chunk passed to :meth:`select` is padded only to its own longest row. Which rows
+        share a chunk does not change a sum over the rows (a mini-batch's loss, its gradient), only the padding
+        computed on: with Sokoban's episodes, 64 rows in chunks of 16 run on about 0.7x the tokens of chunks in
+        row order (``benchmarks/bench_micro_batches.py``)."""
+        lengths = self.attention_mask.sum(dim=1)
+        order = torch.argsort(lengths, stable=True)
+        size = max(1, int(size))
+        return [order[i:i + size] for i in range(0, self.batch_size, size)]
+
     def trim(self) -> "Trajectory":
         """Drop all-padding token columns on the right and all-empty turn columns."""
         T = int(self.attention_mask.sum(dim=1).max()) if self.batch_size else 0

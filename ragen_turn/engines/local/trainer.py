@@ -187,19 +187,17 @@ class StarPOTrainer:
                                       r.rollout_filter_type))
 
     # -------------------------------------------------------------------------------- scoring
-    def _micro_batches(self, n: int) -> List[torch.Tensor]:
-        mb = self.cfg.micro_batch_size_per_gpu
-        return [torch.arange(i, min(i + mb, n)) for i in range(0, n, mb)]
-
     @torch.no_grad()
     def _forward_all(self, fn, batch: Trajectory) -> torch.Tensor:
-        """``fn(ids, am, pos, response_mask)`` over micro-batches, concatenated on the CPU."""
-        outs = []
-        for idx in self._micro_batches(batch.batch_size):
-            dev = self.device
-            outs.append(fn(batch.input_ids[idx].to(dev), batch.attention_mask[idx].to(dev),
-                           batch.position_ids[idx].to(dev), batch.response_mask[idx].to(dev)).float().cpu())
-        return torch.cat(outs, dim=0)
+        """``fn(ids, am, pos, response_mask)`` ``[b, t]`` over length-sorted micro-batches
+        (:meth:`Trajectory.micro_batches`), each padded only to its own longest row; returns ``[B, T]`` float32
+        on the CPU in the batch's row order, 0 past each micro-batch's width (padding)."""
+        out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
+        for idx in batch.micro_batches(self.cfg.micro_batch_size_per_gpu):
+            mb = batch.select(idx).to(self.device)
+            res = fn(mb.input_ids, mb.attention_mask, mb.position_ids, mb.response_mask).float().cpu()
+            out[idx, :res.shape[1]] = res
+        return out
 
     def logprobs(self, model, ids, am, pos, response_mask, **kw):
         """Log-probs of the response tokens at the sampling temperature (so ratios compare like with like);
@@ -310,8 +308,8 @@ class StarPOTrainer:
 
 
     def _accumulate(self, mini: Trajectory, loss_of, stats_of=None) -> Optional[Dict[str, float]]:
-        """Forward and backward one mini-batch in micro-batches of ``micro_batch_size_per_gpu``; the gradients
-        add up in ``.grad``.
+        """Forward and backward one mini-batch in micro-batches of ``micro_batch_size_per_gpu`` (rows of similar
+        length together: :meth:`Trajectory.micro_batches`); the gradients add up in ``.grad``.
 
         Every micro-batch loss divides by the mini-batch's counts (:class:`GlobalCounts`), so the micro-batch
         losses add up to the mini-batch's loss and the accumulated gradient is the mini-batch's, for any
@@ -325,7 +323,7 @@ class StarPOTrainer:
         mean), or None when a loss is not finite.
         """
         counts = GlobalCounts.of(mini.response_mask, mini.turn_ids)
-        micros = [mini.select(idx).to(self.device) for idx in self._micro_batches(mini.batch_size)]
+        micros = [mini.select(idx).to(self.device) for idx in mini.micro_batches(self.cfg.micro_batch_size_per_gpu)]
         if stats_of is not None:
             with torch.no_grad():
                 counts = counts.with_clip_stats(sum(stats_of(m, counts) for m in micros))
