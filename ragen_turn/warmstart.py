@@ -36,7 +36,7 @@ from ragen_turn.rollout import (
     takes_raw_response,
 )
 
-WARMSTART_VERSION = 3  # 2: Sokoban rooms from RAGEN's generator rules; 3: SFT in length-sorted micro-batches
+WARMSTART_VERSION = 2  # 2: Sokoban rooms from RAGEN's generator rules
 
 
 def _action_name(env: Any, action: Any) -> str:
