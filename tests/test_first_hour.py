@@ -81,6 +81,15 @@ def test_take_run_dir_clears_an_earlier_run_on_overwrite_and_keeps_it_on_resume(
         lock.release()
 
 
+def test_a_run_on_the_dev_seeds_calls_its_numbers_dev_not_held_out(tmp_path):
+    lines = []
+    build_trainer(micro_config(["algo=turn_ppo", "trainer.total_training_steps=0", "es_manager.val.seeds=dev"],
+                               run_dir=tmp_path), log=lines.append).fit()
+    text = "\n".join(lines)
+    assert "dev evaluation before RL" in text and "dev success (2 episodes):" in text
+    assert "held-out success" not in text and "held-out evaluation before RL" not in text and "held-out eval " not in text
+
+
 def test_finished_run_ends_with_a_summary_and_a_resume_says_complete(tmp_path):
     cfg = micro_config(["algo=turn_ppo", "trainer.total_training_steps=1"], run_dir=tmp_path)
     lines = []

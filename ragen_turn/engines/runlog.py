@@ -223,6 +223,12 @@ def held_out_history(rows: List[Mapping[str, Any]], key: str = "val/success") ->
     return [(int(r["step"]), float(r[key])) for r in rows if r.get(key) is not None]
 
 
+def val_split_name(cfg: Any) -> str:
+    """What the val episodes are called in logs: "held-out", or "dev" with ``es_manager.val.seeds=dev`` (the seed
+    range for choosing settings, whose numbers are not held-out results)."""
+    return "dev" if cfg.es_manager.val.get("seeds", "heldout") == "dev" else "held-out"
+
+
 def run_summary(cfg: Any, out_dir: Path, elapsed: Optional[float] = None, checkpoint: Optional[Path] = None,
                 note: str = "") -> Tuple[str, Dict[str, Any]]:
     """The block a run ends with (and a finished run prints again on resume): held-out success before / last /
@@ -250,12 +256,13 @@ def run_summary(cfg: Any, out_dir: Path, elapsed: Optional[float] = None, checkp
         if best:
             parts.append(f"best {best[1]:.3f} at step {best[0]}")
         n_val = cfg.es_manager.val.env_groups * cfg.es_manager.val.group_size
-        lines.append(f"  held-out success ({n_val} episodes): " + " -> ".join(parts[:2]) +
+        split = val_split_name(cfg)
+        lines.append(f"  {split} success ({n_val} episodes): " + " -> ".join(parts[:2]) +
                      (f" ({parts[2]})" if len(parts) > 2 else ""))
         if any("val/score" in r for r in rows):  # WebShop: its score (the purchase's reward), and the return
             for key in ("val/score", "val/reward"):
                 h = held_out_history(rows, key)
-                lines.append(f"  held-out {key[4:]}: " + " -> ".join(f"{v:.3f} at step {s}" for s, v in (h[0], h[-1])))
+                lines.append(f"  {split} {key[4:]}: " + " -> ".join(f"{v:.3f} at step {s}" for s, v in (h[0], h[-1])))
     if checkpoint is not None:
         lines.append(f"  checkpoint: {checkpoint}")
     lines.append(f"  metrics:    {out_dir / 'metrics.jsonl'}  (config: {out_dir / 'config.yaml'})")

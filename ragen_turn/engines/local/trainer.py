@@ -62,6 +62,7 @@ from ragen_turn.engines.runlog import (
     run_header,
     run_summary,
     truncate_metrics,
+    val_split_name,
     write_generations,
 )
 from ragen_turn.engines.runtime import derived_seed, pick_device, seed_everything
@@ -521,12 +522,12 @@ class StarPOTrainer:
         first = self.step
         if self.step == 0 and cfg.val_before_train:
             then = f"every {cfg.test_freq} steps and at the end" if cfg.test_freq else "at the end"
-            self.log(f"[ragen_turn] held-out evaluation before RL: {len(self.val_envs)} episodes (then {then})")
+            self.log(f"[ragen_turn] {val_split_name(self.cfg)} evaluation before RL: {len(self.val_envs)} episodes (then {then})")
             t = time.time()
             m = {"step": 0, **self.evaluate()}
             m["perf/val_s"] = time.time() - t
             self._write_metrics(m)
-            self.log(progress_line(m, total, f"held-out eval {fmt_duration(m['perf/val_s'])}"))
+            self.log(progress_line(m, total, f"{val_split_name(self.cfg)} eval {fmt_duration(m['perf/val_s'])}"))
             last = m
             started = time.time()  # the ETA counts training steps (and their evaluations) only
         while self.step < total:
