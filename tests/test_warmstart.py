@@ -88,7 +88,7 @@ def test_sft_under_bf16_autocast_learns_like_float32_and_keeps_float32_weights()
     assert any(not torch.equal(p, q) for p, q in zip(m16.parameters(), m32.parameters()))
 
 
-def test_sft_in_micro_batches_takes_the_batch_step():
+def test_sft_in_micro_batches_takes_the_batch_step(monkeypatch):
     """micro_batch_size only splits each batch's forward and backward (length-sorted): the same NLL and weights as
     the whole batch in one forward, to float rounding."""
     from ragen_turn.warmstart import sft
@@ -97,11 +97,19 @@ def test_sft_in_micro_batches_takes_the_batch_step():
     model, tok = load_model_and_tokenizer(OmegaConf.to_container(cfg.model, resolve=True))
     demos = collect_demonstrations(cfg, tok, 8, seed=3)
     assert demos.attention_mask.sum(dim=1).unique().numel() > 1  # rows of several lengths: the chunks differ
+    from ragen_turn.rollout import Trajectory
+
+    chunks = []  # the widths of the micro-batches each SFT step ran
+    split = Trajectory.micro_batches
+    monkeypatch.setattr(Trajectory, "micro_batches", lambda self, size: chunks.append(
+        [len(c) for c in split(self, size)]) or split(self, size))
     runs = {}
     for micro in (0, 3):
+        chunks.clear()
         run_cfg = micro_config(WS + ["model.warmstart.steps=3", f"model.warmstart.micro_batch_size={micro}"])
         m = copy.deepcopy(model)
         runs[micro] = (sft(m, demos, run_cfg, torch.device("cpu"), log=lambda s: None)["sft/final_nll"], m)
+        assert chunks == [[8]] * 3 if micro == 0 else chunks == [[3, 3, 2]] * 3, (micro, chunks)
     assert runs[3][0] == pytest.approx(runs[0][0], rel=1e-5)
     moved = [not torch.equal(p, q) for p, q in zip(runs[0][1].parameters(), model.parameters())]
     assert any(moved)
