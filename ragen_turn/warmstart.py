@@ -169,6 +169,14 @@ def warmstart_seed(cfg: DictConfig) -> int:
     return int(cfg.seed if ws_seed is None else ws_seed)
 
 
+def _demo_env_spec(env_spec: Any) -> Dict[str, Any]:
+    """An env's part of the warm-start key: its config, less the keys the demonstrations never see (Sokoban's
+    ``deadlock_penalty`` is a reward: the solver's episodes and the SFT loss are the same under any value)."""
+    spec = OmegaConf.to_container(env_spec, resolve=True)
+    spec.get("env_config", {}).pop("deadlock_penalty", None)
+    return spec
+
+
 def warmstart_key(cfg: DictConfig, tokenizer: Any) -> str:
     model = OmegaConf.to_container(cfg.model, resolve=True)
     model["warmstart"].pop("seed", None)  # counted once, as "seed" below
@@ -186,8 +194,7 @@ def warmstart_key(cfg: DictConfig, tokenizer: Any) -> str:
         "version": WARMSTART_VERSION,
         "model": model,
         "model_path": cfg.get("model_path"),
-        "envs": {t: OmegaConf.to_container(cfg.custom_envs[t], resolve=True)
-                 for t in cfg.es_manager.train.env_configs.tags},
+        "envs": {t: _demo_env_spec(cfg.custom_envs[t]) for t in cfg.es_manager.train.env_configs.tags},
         "agent_proxy": OmegaConf.to_container(cfg.agent_proxy, resolve=True),
         "response_length": cfg.actor_rollout_ref.rollout.response_length,
         "format_penalty": cfg.es_manager.format_penalty,

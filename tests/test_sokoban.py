@@ -96,7 +96,7 @@ def test_config_defaults_and_coercion():
     {"num_boxes": 0}, {"dim_room": (4, 4)}, {"dim_room": (2, 9)}, {"dim_room": (5, 5), "num_boxes": 8},
     {"dim_room": (6,)}, {"dim_room": "6x6"}, {"max_steps": 0}, {"search_depth": 0}, {"max_steps": 2.5},
     {"grid_lookup": {0: "#"}}, {"action_lookup": {1: "Up", 7: "Jump"}}, {"dim_x": 6},
-    {"p_change_directions": 1.5}, {"format_penalty": "a lot"},
+    {"p_change_directions": 1.5}, {"format_penalty": "a lot"}, {"deadlock_penalty": "high"},
 ])
 def test_config_rejects_bad_values(kwargs):
     with pytest.raises(ValueError):
@@ -361,6 +361,26 @@ def test_format_penalty_from_config():
     env.set_room("#######\n#P_X_O#\n#######")
     assert env.step("teleport")[1] == pytest.approx(-0.5)
     assert env.step("Right")[1] == pytest.approx(-0.1)  # the step penalty is separate
+
+
+@pytest.mark.parametrize("penalty", [0.0, -3.0])
+def test_deadlock_penalty_paid_once_on_the_push_that_makes_the_room_unsolvable(penalty):
+    # the box pushed up against the top wall can never reach the target in the bottom row
+    env = SokobanEnv({"deadlock_penalty": penalty})
+    env.set_room("######\n#____#\n#_X__#\n#_P_O#\n#____#\n######")
+    assert env.step("Up")[1] == pytest.approx(-0.1 + penalty)
+    assert env.solve() is None
+    env.step("Right")
+    env.step("Up")
+    assert env.step("Left")[1] == pytest.approx(-0.1)  # pushes the dead box again: paid once only
+    # a solvable push costs nothing extra; the state snapshot carries whether it was paid
+    env.set_room("######\n#____#\n#_X__#\n#_P_O#\n#____#\n######")
+    snap = env.get_state()
+    env.step("Up")
+    env.set_state(snap)
+    assert env.step("Up")[1] == pytest.approx(-0.1 + penalty)
+    env.set_room("#######\n#P_X_O#\n#######")
+    assert env.step("Right")[1] == pytest.approx(-0.1) and env.step("Right")[1] == pytest.approx(-0.1)
 
 
 def test_several_actions_per_turn():

@@ -33,6 +33,10 @@ def test_key_and_seed_pinning():
     assert warmstart_key(micro_config(WS + ["model.copy_pretrain_steps=5"]), tok) != warmstart_key(per_seed[0], tok)
     assert warmstart_key(micro_config(WS + ["model.copy_pretrain_steps=0"]), tok) == warmstart_key(per_seed[0], tok)
     assert warmstart_key(micro_config(WS + ["model.rl_lr=1e-5"]), tok) == warmstart_key(per_seed[0], tok)  # RL only
+    # a reward the demonstrations never see (Sokoban's deadlock penalty) shares the SFT
+    dead = micro_config(WS + ["+custom_envs.SimpleSokoban.env_config.deadlock_penalty=-3"])
+    assert dead.custom_envs.SimpleSokoban.env_config.deadlock_penalty == -3
+    assert warmstart_key(dead, tok) == warmstart_key(per_seed[0], tok)
     # mixed precision changes the numbers, so the key; off (null) keeps the key it had before the option existed
     assert warmstart_key(micro_config(WS + ["model.warmstart.autocast=bfloat16"]), tok) != warmstart_key(per_seed[0], tok)
     assert warmstart_key(micro_config(WS + ["model.warmstart.autocast=null"]), tok) == warmstart_key(per_seed[0], tok)

@@ -58,6 +58,8 @@ class SokobanEnvConfig:
     p_change_directions: float = 0.35           # room topology random walk
     num_gen_steps: Optional[int] = None         # walk length; None = int(1.7 * (rows + cols))
     compute_optimal: bool = True                # solve each room at reset for info['optimal_steps']
+    deadlock_penalty: float = 0.0               # not RAGEN's: added once to the reward of the push that leaves the room
+                                                # unsolvable (a box that can no longer reach a target); 0 = gym-sokoban's rewards
 
     def __post_init__(self) -> None:
         if (self.dim_x is None) != (self.dim_y is None):
@@ -85,8 +87,9 @@ class SokobanEnvConfig:
         try:
             self.format_penalty = float(self.format_penalty)
             self.p_change_directions = float(self.p_change_directions)
+            self.deadlock_penalty = float(self.deadlock_penalty)
         except (TypeError, ValueError):
-            raise ValueError("format_penalty and p_change_directions must be numbers") from None
+            raise ValueError("format_penalty, p_change_directions and deadlock_penalty must be numbers") from None
         if not 0.0 <= self.p_change_directions <= 1.0:
             raise ValueError(f"p_change_directions must be in [0, 1], got {self.p_change_directions}")
         if self.num_gen_steps is not None:

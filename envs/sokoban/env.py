@@ -80,6 +80,7 @@ class SokobanEnv(BaseDiscreteActionEnv):
         self.search_depth = config.search_depth
         self.render_mode = config.render_mode
         self._format_penalty = config.format_penalty
+        self._deadlock_penalty = float(config.deadlock_penalty)
         self._sep = config.action_sep
         self._max_actions = config.max_actions_per_turn
         self._valid_ids = frozenset(config.action_lookup)
@@ -98,6 +99,7 @@ class SokobanEnv(BaseDiscreteActionEnv):
         self._steps = 0
         self._on = 0
         self._paid = 0
+        self._dead = False
         self._targets: List[int] = []
         self._nb = 0
         self._optimal = -1
@@ -163,6 +165,7 @@ class SokobanEnv(BaseDiscreteActionEnv):
         # RAGEN's rule: the counter of boxes on targets starts at 0 whatever the room, and an episode
         # never ends at reset; the first step pays +1 for boxes already on targets (and +10 if all are)
         self._paid = 0
+        self._dead = False
         self._steps = 0
         self._targets = [i for i, v in enumerate(fixed) if v == TARGET]
         self._success = False
@@ -245,6 +248,10 @@ class SokobanEnv(BaseDiscreteActionEnv):
                         self._on += (fixed[r] == TARGET) - (fixed[q] == TARGET)
                         self._player = q
                         moved = True
+                        if self._deadlock_penalty and not self._dead and self._on != self._nb and solve_flat(
+                                self._rows, self._cols, fixed, q, boxes) is None:
+                            self._dead = True  # paid once: later pushes cannot make it more unsolvable
+                            reward += self._deadlock_penalty
                 else:
                     self._player = q
                     moved = True
@@ -329,11 +336,11 @@ class SokobanEnv(BaseDiscreteActionEnv):
 
     def get_state(self) -> tuple:
         return (self._player, frozenset(self._boxes), self._steps, self._on, self._paid, self._done, self._success,
-                self.reward_last, self._obs)
+                self.reward_last, self._obs, self._dead)
 
     def set_state(self, state: tuple) -> None:
         (self._player, boxes, self._steps, self._on, self._paid, self._done, self._success,
-         self.reward_last, self._obs) = state
+         self.reward_last, self._obs, self._dead) = state
         self._boxes = set(boxes)
 
     # RAGEN / gym-sokoban attribute names
