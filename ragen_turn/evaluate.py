@@ -49,7 +49,9 @@ def format_table(metrics: dict, title: str) -> str:
     return "\n".join([head, sep, row])
 
 
-def evaluate_checkpoint(cfg: DictConfig) -> dict:
+def evaluate_checkpoint(cfg: DictConfig, on_envs=None) -> dict:
+    """The val metrics of ``cfg.checkpoint``; ``on_envs`` (optional) then gets the played ``EnvGroupManager`` (each
+    slot's env in its episode's last state, ``slot.seed`` its room)."""
     import torch
 
     from ragen_turn.config import validate_config
@@ -71,6 +73,8 @@ def evaluate_checkpoint(cfg: DictConfig) -> dict:
     envs = EnvGroupManager(cfg.custom_envs, cfg.es_manager.val, "val")
     t0 = time.time()
     m = evaluate_policy(model, tok, cfg, envs, device, "val", log=lambda line: print(line, flush=True))
+    if on_envs is not None:
+        on_envs(envs)
     m["episodes"] = len(envs)
     m["seconds"] = time.time() - t0
     m["checkpoint"] = str(ckpt)

@@ -489,10 +489,15 @@ def test_eval_checkpoint_schema(tmp_path):
     ecfg = micro_config([], run_dir=tmp_path)
     with open_dict(ecfg):
         ecfg.checkpoint = str(tmp_path)
-    m = evaluate_checkpoint(ecfg)
+    played = []
+    m = evaluate_checkpoint(ecfg, on_envs=played.append)
     for k in ("val/success", "val/reward", "val/turns", "val/invalid_action_rate", "episodes", "checkpoint"):
         assert k in m
     assert m["episodes"] == 2 and 0.0 <= m["val/success"] <= 1.0
+    # the hook gets the played envs, in their last state: what benchmarks/sokoban_failures.py reads
+    slots = played[0].slots
+    assert len(slots) == 2 and all(sl.env.seed == sl.seed is not None for sl in slots)
+    assert sum(sl.env.success for sl in slots) / 2 == m["val/success"]
     table = format_table(m, "x")
     assert table.splitlines()[0].startswith("| model | episodes | success")
 
