@@ -23,7 +23,8 @@ def main(argv: list[str]) -> None:
     if not argv:
         sys.exit(__doc__)
     quiet_transformers()
-    overrides = [f"+checkpoint={argv[0]}"] + argv[1:]
+    quoted = argv[0].replace("\\", "\\\\").replace("'", "\\'")  # run names hold '=' and ',' (as eval.sh quotes)
+    overrides = [f"+checkpoint='{quoted}'"] + argv[1:]
     cfg = config_for_eval(compose_config(["env=sokoban", "algo=turn_ppo"] + overrides), overrides)
     OmegaConf.resolve(cfg)
     played = []
