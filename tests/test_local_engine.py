@@ -264,6 +264,35 @@ def test_runs_differing_only_in_micro_batch_size_write_the_same_checkpoint(algo,
             assert torch.allclose(a[k], b[k], rtol=0, atol=0.05 * 1e-3), (part, k, float((a[k] - b[k]).abs().max()))
 
 
+@pytest.mark.parametrize("algo", ["turn_ppo", "token_ppo"])
+def test_explained_variance_is_the_batchs_for_any_micro_batch_size(algo, tmp_path):
+    """``critic/explained_var`` is 1 - Var[R - V] / Var[R] over the whole batch (the critic before the step's update,
+    in its own layout: turns for turn_ppo), not a mean over micro-batches, whose rows (length-sorted) have like
+    returns."""
+    from ragen_turn.algos import explained_variance
+
+    ev = {}
+    for micro in (8, 1):
+        cfg = micro_config([f"algo={algo}", "es_manager.train.env_groups=4", "es_manager.train.group_size=2",
+                            "agent_proxy.max_turn=3", "ppo_mini_batch_size=8", f"micro_batch_size_per_gpu={micro}",
+                            "trainer.total_training_steps=1"], run_dir=tmp_path / str(micro))
+        tr = build_trainer(cfg, log=_quiet)
+        tr.sampler = uneven_policy(tr.tokenizer)
+        torch.manual_seed(0)
+        with torch.no_grad():  # a critic that predicts something (its value head starts at zero)
+            for p in tr.critic.parameters():
+                p.add_(0.3 * torch.randn_like(p))
+        batch = tr.rollout(0)
+        tr.score(batch)
+        tr.compute_advantages(batch)
+        expected = explained_variance(*tr.value_targets(batch))
+        tr.fit()
+        rows = [json.loads(line) for line in (tmp_path / str(micro) / "metrics.jsonl").open()]
+        ev[micro] = next(r["critic/explained_var"] for r in rows if "critic/value_loss" in r)
+        assert ev[micro] == pytest.approx(expected, rel=1e-5, abs=1e-6)
+    assert math.isfinite(ev[8]) and ev[8] != 0.0 and ev[1] == pytest.approx(ev[8], rel=1e-5), ev
+
+
 def algos_needs_stats(name, loss_cfg):
     from ragen_turn.algos import needs_minibatch_stats
 

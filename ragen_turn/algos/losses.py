@@ -565,8 +565,9 @@ def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Te
     else:
         per, clipfrac = err, torch.zeros(())
     loss = 0.5 * (per * m).sum() / _denominator(m.sum(), normaliser)
-    return loss, {"critic/value_loss": float(loss.detach()), "critic/vf_clipfrac": float(clipfrac),
-                  "critic/explained_var": explained_variance(values.detach(), returns, m)}
+    # no explained variance here: over a length-sorted micro-batch (rows of like returns) it is meaningless, and a
+    # mean of per-micro-batch ratios is not the batch's; the trainers report it once over the batch
+    return loss, {"critic/value_loss": float(loss.detach()), "critic/vf_clipfrac": float(clipfrac)}
 
 
 def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:

@@ -31,6 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 from ragen_turn.algos import (
     SUMMED_METRICS,
     GlobalCounts,
+    explained_variance,
     get_policy_loss_fn,
     kl_penalty,
     masked_mean,
@@ -229,6 +230,11 @@ class StarPOTrainer:
         compute_advantages(batch, self.cfg)
 
     # -------------------------------------------------------------------------------- critic
+    def value_targets(self, batch: Trajectory):
+        """``(values, returns, mask)`` the critic is trained on, in its layout (here tokens ``[B, T]``): the values
+        are the critic's before this step's update, so ``critic/explained_var`` over them is CleanRL's."""
+        return batch.values, batch.returns, batch.response_mask
+
     def critic_loss(self, mb: Trajectory, values: torch.Tensor, counts: Optional[GlobalCounts] = None):
         """Hook: the critic's loss on a micro-batch from fresh ``values`` ``[b, T]`` (token layout), its share
         of the mean over the mini-batch's response tokens (``counts``)."""
@@ -465,6 +471,8 @@ class StarPOTrainer:
         batch = self.filter_groups(batch)
         self.score(batch)
         self.compute_advantages(batch)
+        if self.critic is not None:
+            metrics["critic/explained_var"] = explained_variance(*self.value_targets(batch))
         adv = batch.advantages[batch.response_mask.bool()]
         metrics.update(advantage_metrics(batch.advantages, batch.response_mask, batch.turn_ids,
                                          self.cfg.actor_rollout_ref.rollout.response_length))
@@ -691,6 +699,10 @@ class TurnPPOTrainer(StarPOTrainer):
     def compute_advantages(self, batch: Trajectory) -> None:
         super().compute_advantages(batch)
         turn_critic_targets(batch)
+
+    def value_targets(self, batch: Trajectory):
+        """V(s_h), return_h and the turn mask ``[B, H]``."""
+        return batch.turn_values, batch.turn_returns, batch.turn_mask
 
     def critic_loss(self, mb: Trajectory, values: torch.Tensor, counts: Optional[GlobalCounts] = None):
         """The value loss on V(s_h) ``[b, H]`` read from fresh token-layout ``values`` ``[b, T]``, its share of the
