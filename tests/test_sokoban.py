@@ -373,12 +373,13 @@ def test_deadlock_penalty_paid_once_on_the_push_that_makes_the_room_unsolvable(p
     env.step("Right")
     env.step("Up")
     assert env.step("Left")[1] == pytest.approx(-0.1)  # pushes the dead box again: paid once only
-    # a solvable push costs nothing extra; the state snapshot carries whether it was paid
+    # the state snapshot carries whether it was paid: restored to before the push, the push pays again
     env.set_room("######\n#____#\n#_X__#\n#_P_O#\n#____#\n######")
     snap = env.get_state()
     env.step("Up")
     env.set_state(snap)
     assert env.step("Up")[1] == pytest.approx(-0.1 + penalty)
+    # a push that leaves the room solvable costs nothing extra
     env.set_room("#######\n#P_X_O#\n#######")
     assert env.step("Right")[1] == pytest.approx(-0.1) and env.step("Right")[1] == pytest.approx(-0.1)
 
