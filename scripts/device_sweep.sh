@@ -4,7 +4,9 @@
 # overrides per line (`#` starts a comment). Lines that begin with `warm ` come first, all at once: each builds one
 # warm start (and evaluates it: trainer.total_training_steps=0), so that the runs after them load it from the cache
 # instead of each building its own copy. Then every other line runs, all at once, under CUDA MPS, each with a time
-# budget that ends at W seconds from the start (the run then evaluates and checkpoints). How the 2026-11-27 sweep for
+# budget that ends at W seconds from the start (the run then evaluates and checkpoints). A tiny model's base (its copy
+# pretraining) is built on the CPU, one thread per run: on the H100 machine eight builds of copy_pretrain_steps=1000 side
+# by side took about 150 s before any SFT step reached the GPU; give WARM_W room for that. How the 2026-11-27 sweep for
 # the Sokoban default was run (docs/results/sokoban_default.md):
 #
 #   W=480 HARD=560 bash scripts/device_sweep.sh benchmarks/sweeps/sokoban_default_gpu.txt device=cuda
@@ -37,7 +39,10 @@ if command -v nvidia-cuda-mps-control > /dev/null; then  # the runs' kernels sha
   mkdir -p "$CUDA_MPS_LOG_DIRECTORY"
   nvidia-cuda-mps-control -d && trap 'echo quit | nvidia-cuda-mps-control; rm -f ragen_turn/envs' EXIT
   nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-  (while sleep 15; do echo "$(( $(date +%s) - T0 )) s $(nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader) load $(cut -d' ' -f1 /proc/loadavg)"; done) > "$OUT/mon.log" 2>&1 &
+fi
+if command -v nvidia-smi > /dev/null || [ -n "${MONITOR_TEST:-}" ]; then  # GPU use every 15 s, for as long as this runs
+  (while sleep 15; do echo "$(( $(date +%s) - T0 )) s $(nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader 2>&1) load $(cut -d' ' -f1 /proc/loadavg)"; done) > "$OUT/mon.log" 2>&1 &
+  MON=$!
 fi
 say() { echo "[sweep] $(( $(date +%s) - T0 )) s: $*" | tee -a "$LOG"; }
 
@@ -55,18 +60,25 @@ print(compose_config(sys.argv[1:]).trainer.default_local_dir)" "$@") || { say "c
 
 mapfile -t LINES < <(sed -e 's/#.*//' -e '/^[[:space:]]*$/d' "$RUNSFILE")
 say "${#LINES[@]} lines from $RUNSFILE; overrides for all: $*"
+# Each phase waits for its own runs by PID: a bare `wait` would also wait for the GPU monitor, which never ends (the
+# first call of the 2026-11-27 sweep spent its whole time so: its runs never started).
+pids=()
 for line in "${LINES[@]}"; do  # phase 1: the warm starts
-  # shellcheck disable=SC2086  # a line is a list of overrides
-  [[ $line == warm\ * ]] && one $(( T0 + ${WARM_W:-240} - $(date +%s) )) ${line#warm } "$@" trainer.total_training_steps=0 &
+  if [[ $line == warm\ * ]]; then
+    # shellcheck disable=SC2086  # a line is a list of overrides
+    one $(( T0 + ${WARM_W:-240} - $(date +%s) )) ${line#warm } "$@" trainer.total_training_steps=0 & pids+=($!)
+  fi
 done
-wait
+[ ${#pids[@]} -gt 0 ] && wait "${pids[@]}"
 say "warm starts done"
+pids=()
 for line in "${LINES[@]}"; do  # phase 2: the runs
   # shellcheck disable=SC2086
-  [[ $line == warm\ * ]] || one $(( T0 + ${W:-480} - $(date +%s) )) $line "$@" &
+  [[ $line == warm\ * ]] || { one $(( T0 + ${W:-480} - $(date +%s) )) $line "$@" & pids+=($!); }
 done
-wait
+[ ${#pids[@]} -gt 0 ] && wait "${pids[@]}"
 say "runs done"
+[ -n "${MON:-}" ] && kill "$MON"
 tar czf "$OUT/runs.tgz" --exclude=checkpoints --exclude=hydra "$RAGEN_TURN_RUNS_DIR"
 tar czf - -C "$RAGEN_TURN_CACHE_DIR" . | split -b 15M - "$OUT/ws.tgz."
 ls -la "$OUT" | tee -a "$LOG"
