@@ -324,6 +324,7 @@ class ModelConfig:
     name: str = key(nonempty=True)
     path: Optional[str] = key(exists=True)  # every model yaml sets it (null, or ??? where it must be given)
     cache_dir: Optional[str] = key(None)
+    pinned_cache: Optional[str] = key(None)  # committed cache entries copied in first (models.seed_cache)
     dtype: Optional[str] = key(None, choices=("float32", "bfloat16"))
     # the tiny model's architecture (model=tiny)
     arch: Optional[str] = key(None, choices=("qwen2", "llama"))

@@ -190,6 +190,7 @@ def warmstart_key(cfg: DictConfig, tokenizer: Any) -> str:
         if not model.get("copy_pretrain_steps") or model.get(k, TINY_DEFAULTS[k]) == TINY_DEFAULTS[k]:
             model.pop(k, None)
     model.pop("rl_lr", None)  # the RL actor's lr: not part of the warm start
+    model.pop("pinned_cache", None)  # where a committed copy may come from, not what it is
     parts = {
         "version": WARMSTART_VERSION,
         "model": model,
@@ -280,6 +281,9 @@ def warmstart(model: torch.nn.Module, tokenizer: Any, cfg: DictConfig, log=print
         log(f"[warmstart] loaded cached warm start {path}")
         return model
     ws = cfg.model.warmstart
+    if cfg.model.get("pinned_cache"):  # the run expected a committed one: say why there was none
+        log(f"[warmstart] model.pinned_cache {cfg.model.pinned_cache} has no warm start for key {path.name} (this "
+            "config's SFT differs from the committed ones): building one")
     t0 = time.time()
     demos = collect_demonstrations(cfg, tokenizer, int(ws.episodes), seed=warmstart_seed(cfg) + 10_007)
     succ = float(demos.success.mean())
@@ -322,16 +326,10 @@ def warmstart_dir(cfg: DictConfig, model_path: str | Path, log=print) -> Path:
     return path
 
 
-def build(cfg: DictConfig, log=print, pinned: str | Path | None = None) -> Path | None:
+def build(cfg: DictConfig, log=print) -> Path | None:
     """Build (or load) the warm start of a run config once, e.g. before many runs that share it start in parallel
-    (``scripts/compare.sh``); its cache directory, or None when the config warm-starts nothing.
-
-    ``pinned``: a folder of committed warm starts, one sub-folder per cache key (``<pinned>/<key>/``, as the cache
-    holds them). When it has this config's key and the cache does not, it is copied into the cache first, so runs
-    on any machine start from the same weights (an SFT on another CPU ends at other weights). A pinned folder
-    without this key (the config changed) is reported and the warm start is built as usual."""
-    import shutil
-
+    (``scripts/compare.sh``); its cache directory, or None when the config warm-starts nothing. A committed warm
+    start in ``model.pinned_cache`` (``<folder>/warmstart/<key>/``) is copied into the cache first (models.seed_cache)."""
     from ragen_turn.config import model_config
     from ragen_turn.models import load_model_and_tokenizer
 
@@ -340,16 +338,5 @@ def build(cfg: DictConfig, log=print, pinned: str | Path | None = None) -> Path 
     model, tokenizer = load_model_and_tokenizer(model_config(cfg), device="cpu", dtype=cfg.dtype)
     tokenizer.padding_side = "left"
     path = cache_dir(cfg, tokenizer)
-    if pinned is not None and not (path / "warmstart.json").is_file():
-        src = Path(pinned) / path.name
-        if (src / "warmstart.json").is_file():
-            tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-            shutil.copytree(src, tmp)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(tmp, path)
-            log(f"[warmstart] copied the pinned warm start {src} into the cache")
-        elif Path(pinned).is_dir():
-            log(f"[warmstart] {pinned} has no warm start for key {path.name} "
-                f"(it holds {sorted(p.name for p in Path(pinned).iterdir() if p.is_dir())}): building one")
     warmstart(model, tokenizer, cfg, log=log)
     return path

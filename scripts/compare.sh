@@ -56,15 +56,16 @@ echo "[compare] $SETTING: algos${ALGOS}; seeds $SEEDS; $PARALLEL at a time; log 
 # start committed under docs/results/<setting>/warmstart/<key>/ is used when its key matches (same weights on every
 # machine: an SFT on another CPU ends at other weights); `cp -r ~/.cache/ragen_turn/models/warmstart/<key> docs/results/<setting>/warmstart/`
 # pins one.
-"$PY" - "docs/results/$SETTING/warmstart" "${COMMON[@]}" algo=grpo <<'PYEOF' | sed -u "/^Loading weights/d"
+PINNED=(); [ -d "docs/results/$SETTING/warmstart" ] && PINNED=("model.pinned_cache=docs/results/$SETTING")
+"$PY" - "${COMMON[@]}" algo=grpo ${PINNED[@]+"${PINNED[@]}"} <<'PYEOF' | sed -u "/^Loading weights/d"
 import sys
 from ragen_turn.config import validate_config
 from ragen_turn.train import compose_config
 from ragen_turn.warmstart import build
 
-cfg = compose_config(sys.argv[2:])
+cfg = compose_config(sys.argv[1:])
 validate_config(cfg)
-print(f"[compare] warm start: {build(cfg, pinned=sys.argv[1])}")
+print(f"[compare] warm start: {build(cfg)}")
 PYEOF
 
 run_one() {  # <algo> <seed>: one run on one thread, its wall time logged

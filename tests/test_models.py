@@ -141,6 +141,37 @@ def test_tiny_cache_hit_fast_identical_and_deterministic(tiny, tiny_cache, tmp_p
     assert len([p for p in tmp_path.iterdir() if p.name.startswith("tiny-")]) == 2
 
 
+def test_pinned_cache_fills_the_cache_once_and_is_used_instead_of_a_build(tiny, tiny_cache, tmp_path, monkeypatch):
+    import shutil
+
+    from ragen_turn.models import seed_cache
+
+    model, _, _ = tiny
+    built = resolve_model_path({"name": "tiny", "cache_dir": str(tiny_cache)})
+    pinned = tmp_path / "pinned"
+    shutil.copytree(built, pinned / built.name)
+    (pinned / "warmstart" / "k1").mkdir(parents=True)
+    (pinned / "warmstart" / "k1" / "warmstart.json").write_text("{}")
+    (pinned / "warmstart" / "half").mkdir()  # no marker: not an entry, never copied
+    cache = tmp_path / "cache"
+
+    def no_build(*a, **k):
+        raise AssertionError("built although the pinned cache has it")
+    monkeypatch.setattr(tiny_mod, "build_model", no_build)
+    cfg = {"name": "tiny", "cache_dir": str(cache), "pinned_cache": str(pinned)}
+    m2, _ = load_model_and_tokenizer(cfg)
+    assert all(torch.equal(v, m2.state_dict()[k]) for k, v in model.state_dict().items())
+    assert (cache / built.name / "model.safetensors").is_file() and (cache / "warmstart/k1/warmstart.json").is_file()
+    assert not (cache / "warmstart" / "half").exists()
+    # present entries are left as they are (not copied again, not overwritten)
+    (cache / "warmstart/k1/warmstart.json").write_text('{"here": 1}')
+    assert seed_cache(pinned, {"cache_dir": str(cache)}, log=lambda _: None) == []
+    assert json.loads((cache / "warmstart/k1/warmstart.json").read_text()) == {"here": 1}
+    # a relative path is the repository's; a missing folder names the key
+    with pytest.raises(FileNotFoundError, match="model.pinned_cache"):
+        seed_cache("no/such/folder", {"cache_dir": str(cache)})
+
+
 def test_bf16_load(tiny_cache):
     model, _ = load_model_and_tokenizer({"name": "tiny", "cache_dir": str(tiny_cache)}, dtype="bfloat16")
     assert next(model.parameters()).dtype == torch.bfloat16

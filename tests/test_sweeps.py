@@ -350,7 +350,7 @@ def test_compare_script_starts_no_run_past_its_deadline(tmp_path, runs, expected
     out = subprocess.run(["bash", str(ROOT / "scripts" / "compare.sh"), "long_turns"], env=env, text=True,
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600)
     assert out.returncode == 0, out.stdout
-    assert "copied the pinned warm start" in out.stdout, out.stdout
+    assert "copied the committed warmstart" in out.stdout, out.stdout
     rows = (tmp_path / "runs" / "compare" / "walltimes_long_turns.tsv").read_text().splitlines()
     assert sorted(r.split(" (")[0] for r in rows) == expected, rows
     assert all("not started" in r and "to DEADLINE" in r for r in rows), rows

@@ -33,6 +33,8 @@ def test_key_and_seed_pinning():
     assert warmstart_key(micro_config(WS + ["model.copy_pretrain_steps=5"]), tok) != warmstart_key(per_seed[0], tok)
     assert warmstart_key(micro_config(WS + ["model.copy_pretrain_steps=0"]), tok) == warmstart_key(per_seed[0], tok)
     assert warmstart_key(micro_config(WS + ["model.rl_lr=1e-5"]), tok) == warmstart_key(per_seed[0], tok)  # RL only
+    # where a committed copy may come from is not what the SFT is
+    assert warmstart_key(micro_config(WS + ["model.pinned_cache=/x"]), tok) == warmstart_key(per_seed[0], tok)
     # a reward the demonstrations never see (Sokoban's deadlock penalty) shares the SFT
     dead = micro_config(WS + ["+custom_envs.SimpleSokoban.env_config.deadlock_penalty=-3"])
     assert dead.custom_envs.SimpleSokoban.env_config.deadlock_penalty == -3
@@ -250,8 +252,8 @@ def test_build_makes_the_warm_start_once(tmp_path, monkeypatch):
 
 
 def test_build_copies_a_pinned_warm_start_instead_of_training(tmp_path, monkeypatch):
-    """build(cfg, pinned=DIR): a committed warm start under DIR/<key> is copied into an empty cache and loaded, with no
-    SFT, weights equal to the pinned ones; a DIR without the config's key builds as usual and says so."""
+    """model.pinned_cache=DIR: a committed warm start under DIR/warmstart/<key> is copied into an empty cache and
+    loaded, with no SFT, weights equal to the pinned ones; a DIR without the config's key builds as usual and says so."""
     from ragen_turn.warmstart import build
 
     cfg = micro_config(WS + ["model.warmstart.steps=2", "model.warmstart.episodes=4"])
@@ -259,21 +261,22 @@ def test_build_copies_a_pinned_warm_start_instead_of_training(tmp_path, monkeypa
     made = build(cfg, log=lambda s: None)
     pinned = tmp_path / "pinned"
     import shutil
-    shutil.copytree(made, pinned / made.name)
-    (pinned / "0123456789abcdef").mkdir()  # another config's entry beside it
+    shutil.copytree(made, pinned / "warmstart" / made.name)
+    (pinned / "warmstart" / "0123456789abcdef").mkdir()  # an unfinished entry beside it: never copied
     monkeypatch.setenv("RAGEN_TURN_CACHE_DIR", str(tmp_path / "second"))
     lines = []
-    path = build(cfg, log=lines.append, pinned=pinned)
+    path = build(micro_config(WS + ["model.warmstart.steps=2", "model.warmstart.episodes=4",
+                                    f"model.pinned_cache={pinned}"]), log=lines.append)
     assert path.name == made.name and str(path).startswith(str(tmp_path / "second"))
-    assert any("copied the pinned warm start" in ln for ln in lines), lines
+    assert not (tmp_path / "second" / "warmstart" / "0123456789abcdef").exists()
     assert any("loaded cached warm start" in ln for ln in lines) and not any("sft step" in ln for ln in lines)
     from safetensors.torch import load_file
     a, b = load_file(made / "model.safetensors"), load_file(path / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     # a config whose key the pinned folder lacks: built here, and the log says why
     lines = []
-    other = build(micro_config(WS + ["model.warmstart.steps=3", "model.warmstart.episodes=4"]), log=lines.append,
-                  pinned=pinned)
+    other = build(micro_config(WS + ["model.warmstart.steps=3", "model.warmstart.episodes=4",
+                                     f"model.pinned_cache={pinned}"]), log=lines.append)
     assert other.name != made.name and any("has no warm start for key" in ln for ln in lines)
     assert any("sft step 3/3" in ln for ln in lines)
 

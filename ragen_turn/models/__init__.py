@@ -16,6 +16,7 @@ Names (`model_cfg["name"]`):
   `<cache root>/smollm2-135m-<float32|bfloat16>` (see `ragen_turn.models.smollm2`).
 
 The cache root is `model_cfg["cache_dir"]`, else `$RAGEN_TURN_CACHE_DIR`, else `~/.cache/ragen_turn/models`.
+`model_cfg["pinned_cache"]` (a folder of committed cache entries, see `seed_cache`) fills it first where it lacks them.
 `python -m ragen_turn.models export NAME DIR` writes the directory so that `model.path=DIR` works in any engine.
 
 Every tokenizer returned has a pad token and `padding_side="left"`; the model's `config.pad_token_id` and
@@ -74,6 +75,44 @@ def _share_permissions(root: Path) -> None:
 def default_cache_root(model_cfg: Mapping[str, Any] | None = None) -> Path:
     root = _get(model_cfg, "cache_dir") or os.environ.get("RAGEN_TURN_CACHE_DIR") or "~/.cache/ragen_turn/models"
     return Path(str(root)).expanduser()
+
+
+# What marks a complete entry of the model cache: a built model (`tiny-<hash>/`, `smollm2-135m-<dtype>/`) or a warm
+# start (`warmstart/<key>/`, written by ragen_turn.warmstart)
+CACHE_MARKERS = {".": MARKER_FILE, "warmstart": "warmstart.json"}
+
+
+def seed_cache(pinned: str | Path, model_cfg: Mapping[str, Any] | None = None, log=print) -> list[Path]:
+    """Copy the committed cache entries in `pinned` into the model cache where it lacks them; the entries copied.
+
+    `pinned` mirrors the cache root's layout (`tiny-<hash>/`, `warmstart/<key>/`); an entry is used only where the
+    run asks for its hash or key, as if built here. It gives every machine the same weights for the same config
+    (a model built on another CPU ends at other weights) and spares a run building them. A relative path is taken
+    from the repository root. Each copy is made beside its place and renamed into it, so concurrent runs are safe."""
+    src_root = Path(str(pinned)).expanduser()
+    if not src_root.is_absolute():
+        src_root = Path(__file__).resolve().parents[2] / src_root
+    if not src_root.is_dir():
+        raise FileNotFoundError(f"model.pinned_cache: {src_root} is not a directory (set model.pinned_cache=null to "
+                                "build every model and warm start here)")
+    root = default_cache_root(model_cfg)
+    copied = []
+    for sub, marker in CACHE_MARKERS.items():
+        for src in sorted((src_root / sub).glob(f"*/{marker}")):
+            dst = root / sub / src.parent.name
+            if (dst / marker).is_file():
+                continue
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.tmp-", dir=dst.parent))
+            shutil.copytree(src.parent, tmp, dirs_exist_ok=True)
+            try:
+                os.replace(tmp, dst)
+            except OSError:  # another run put it there first
+                shutil.rmtree(tmp, ignore_errors=True)
+            copied.append(dst)
+            log(f"[models] copied the committed {sub if sub != '.' else 'model'} {src.parent.name} from {src_root} "
+                f"into the cache")
+    return copied
 
 
 def _build_once(final_dir: Path, build, meta: dict[str, Any]) -> Path:
@@ -147,6 +186,8 @@ def resolve_model_path(model_cfg: Mapping[str, Any], dtype: Any = None) -> Path:
     """
     path = _get(model_cfg, "path") or _get(model_cfg, "model_path")
     name = str(_get(model_cfg, "name", "hf" if path else "")).lower()
+    if _get(model_cfg, "pinned_cache") and not path:  # committed models and warm starts first (see seed_cache)
+        seed_cache(_get(model_cfg, "pinned_cache"), model_cfg)
     if path:
         p = Path(str(path)).expanduser()
         if not p.is_dir():
