@@ -281,6 +281,30 @@ def test_build_copies_a_pinned_warm_start_instead_of_training(tmp_path, monkeypa
     assert any("sft step 3/3" in ln for ln in lines)
 
 
+def test_the_committed_cache_holds_the_default_configs_model_and_warm_start():
+    """`bash train.sh sokoban turn_ppo` starts from the committed base model and warm start
+    (config/env_model/sokoban_tiny.yaml's model.pinned_cache) only while the default config still gives their hash and
+    key: a change to the default's model or SFT must come with a new committed pair (or the main command silently
+    spends its first 12 minutes building one)."""
+    from pathlib import Path
+
+    from transformers import AutoTokenizer
+
+    from ragen_turn.config import model_config
+    from ragen_turn.models import tiny
+    from ragen_turn.train import compose_config
+
+    cfg = compose_config(["env=sokoban", "algo=turn_ppo"])
+    pinned = Path(__file__).resolve().parents[1] / cfg.model.pinned_cache
+    base = pinned / f"tiny-{tiny.config_hash(tiny.tiny_config(model_config(cfg)))}"
+    assert (base / "ragen_turn_model.json").is_file(), sorted(p.name for p in pinned.iterdir())
+    key = warmstart_key(cfg, AutoTokenizer.from_pretrained(base))
+    assert (pinned / "warmstart" / key / "warmstart.json").is_file(), sorted(p.name for p in (pinned / "warmstart").iterdir())
+    # the RL settings and the evaluation split are not part of it
+    for o in (["model.rl_lr=3e-4", "trainer.total_training_steps=3"], ["es_manager.val.seeds=dev", "seed=0"]):
+        assert warmstart_key(compose_config(["env=sokoban", "algo=turn_ppo"] + o), AutoTokenizer.from_pretrained(base)) == key
+
+
 def test_sft_lr_schedule_warms_up_from_zero():
     """``warmup_steps`` ramps the rate from 0 (a 1-step SFT with 1 warm-up step changes nothing); ``cosine`` and
     ``constant`` are transformers' schedules; the key sees the schedule; a bad name is refused."""
