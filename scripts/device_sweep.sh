@@ -30,14 +30,16 @@ fi
 PY=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 export RAGEN_TURN_RUNS_DIR=${RAGEN_TURN_RUNS_DIR:-runs/sweep_device} RAGEN_TURN_CACHE_DIR=${RAGEN_TURN_CACHE_DIR:-/tmp/ragen_turn_cache}
+CLEANUP=()  # what the EXIT trap undoes: only what this script made
+trap 'for c in "${CLEANUP[@]}"; do eval "$c"; done' EXIT
 if [ ! -e ragen_turn/envs ]; then  # what setup.py's package_dir stands for, without an install; removed at the end
-  ln -s ../envs ragen_turn/envs && trap 'rm -f ragen_turn/envs' EXIT
+  ln -s ../envs ragen_turn/envs && CLEANUP+=("rm -f ragen_turn/envs")
 fi
 if command -v nvidia-cuda-mps-control > /dev/null; then  # the runs' kernels share the GPU instead of taking turns
   CUDA_MPS_PIPE_DIRECTORY=$(mktemp -d /tmp/ragen_turn_mps.XXXXXX); CUDA_MPS_LOG_DIRECTORY=$CUDA_MPS_PIPE_DIRECTORY/log
   export CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
   mkdir -p "$CUDA_MPS_LOG_DIRECTORY"
-  nvidia-cuda-mps-control -d && trap 'echo quit | nvidia-cuda-mps-control; rm -f ragen_turn/envs' EXIT
+  nvidia-cuda-mps-control -d && CLEANUP+=("echo quit | nvidia-cuda-mps-control")
   nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 fi
 if command -v nvidia-smi > /dev/null || [ -n "${MONITOR_TEST:-}" ]; then  # GPU use every 15 s, for as long as this runs

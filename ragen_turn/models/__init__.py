@@ -109,6 +109,7 @@ def seed_cache(pinned: str | Path, model_cfg: Mapping[str, Any] | None = None, l
                 os.replace(tmp, dst)
             except OSError:  # another run put it there first
                 shutil.rmtree(tmp, ignore_errors=True)
+                continue
             copied.append(dst)
             log(f"[models] copied the committed {sub if sub != '.' else 'model'} {src.parent.name} from {src_root} "
                 f"into the cache")
