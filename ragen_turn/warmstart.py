@@ -171,9 +171,11 @@ def warmstart_seed(cfg: DictConfig) -> int:
 
 def _demo_env_spec(env_spec: Any) -> Dict[str, Any]:
     """An env's part of the warm-start key: its config, less the keys the demonstrations never see (Sokoban's
-    ``deadlock_penalty`` is a reward: the solver's episodes and the SFT loss are the same under any value)."""
+    ``deadlock_penalty`` and ``distance_shaping`` are rewards, and the solver never ends an episode by a deadlock
+    (``end_on_deadlock``): its episodes and the SFT loss are the same under any value)."""
     spec = OmegaConf.to_container(env_spec, resolve=True)
-    spec.get("env_config", {}).pop("deadlock_penalty", None)
+    for k in ("deadlock_penalty", "end_on_deadlock", "distance_shaping"):
+        spec.get("env_config", {}).pop(k, None)
     return spec
 
 

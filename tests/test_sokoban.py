@@ -384,6 +384,54 @@ def test_deadlock_penalty_paid_once_on_the_push_that_makes_the_room_unsolvable(p
     assert env.step("Right")[1] == pytest.approx(-0.1) and env.step("Right")[1] == pytest.approx(-0.1)
 
 
+def test_end_on_deadlock_ends_the_episode_at_the_push_that_makes_the_room_unsolvable():
+    room_text = "######\n#____#\n#_X__#\n#_P_O#\n#____#\n######"
+    env = SokobanEnv({"end_on_deadlock": True})
+    env.set_room(room_text)
+    assert env.step("Left")[2] is False  # a walk, and a push that leaves the room solvable, go on
+    env.set_room(room_text)
+    _, reward, done, info = env.step("Up")  # the box against the top wall: never on the bottom-row target
+    assert done and not info["success"] and reward == pytest.approx(-0.1)  # no penalty unless one is set
+    assert env.step("Down")[1:3] == (0.0, True)  # over: nothing moves
+    env = SokobanEnv({"end_on_deadlock": True, "deadlock_penalty": -2.0})
+    env.set_room(room_text)
+    assert env.step("Up")[1:3] == (pytest.approx(-2.1), True)
+    with pytest.raises(ValueError, match="end_on_deadlock"):
+        SokobanEnv({"end_on_deadlock": "yes"})
+
+
+def test_distance_shaping_pays_the_change_in_the_solvers_moves_left():
+    room_text = "######\n#____#\n#_X__#\n#_P_O#\n#____#\n######"
+    c = 0.5
+    plain, shaped = SokobanEnv(), SokobanEnv({"distance_shaping": c})
+    plain.set_room(room_text)
+    shaped.set_room(room_text)
+    d0 = len(plain.solve())
+    assert d0 == 7
+    # along an optimal solution every move pays +c on top of gym-sokoban's reward: c * d0 in all
+    total_plain = total_shaped = 0.0
+    for a in plain.solve():
+        rp, rs = plain.step(a)[1], shaped.step(a)[1]
+        assert rs - rp == pytest.approx(c)
+        total_plain, total_shaped = total_plain + rp, total_shaped + rs
+    assert shaped.success and total_shaped - total_plain == pytest.approx(c * d0)
+    # a move away from the solution costs c; a step into a wall changes nothing; undoing a step pays it back
+    shaped.set_room(room_text)
+    assert shaped.step("Down")[1] == pytest.approx(-0.1 - c)   # player (3,2) -> (4,2): 8 moves left
+    assert shaped.step("Down")[1] == pytest.approx(-0.1)       # into the wall
+    assert shaped.step("Up")[1] == pytest.approx(-0.1 + c)
+    # the push that makes the room unsolvable: d jumps to the room's cell count (6 x 6), once
+    shaped.set_room(room_text)
+    assert shaped.step("Up")[1] == pytest.approx(-0.1 + c * (7 - 36))
+    assert shaped.step("Right")[1] == pytest.approx(-0.1)
+    # the snapshot carries d: restored to before the push, the push pays the same again
+    shaped.set_room(room_text)
+    snap = shaped.get_state()
+    shaped.step("Left")
+    shaped.set_state(snap)
+    assert shaped.step("Up")[1] == pytest.approx(-0.1 + c * (7 - 36))
+
+
 def test_several_actions_per_turn():
     env = room("""
 #######

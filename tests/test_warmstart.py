@@ -35,10 +35,15 @@ def test_key_and_seed_pinning():
     assert warmstart_key(micro_config(WS + ["model.rl_lr=1e-5"]), tok) == warmstart_key(per_seed[0], tok)  # RL only
     # where a committed copy may come from is not what the SFT is
     assert warmstart_key(micro_config(WS + ["model.pinned_cache=/x"]), tok) == warmstart_key(per_seed[0], tok)
-    # a reward the demonstrations never see (Sokoban's deadlock penalty) shares the SFT
-    dead = micro_config(WS + ["+custom_envs.SimpleSokoban.env_config.deadlock_penalty=-3"])
+    # rewards the demonstrations never see (Sokoban's deadlock penalty and distance shaping), and an end by deadlock
+    # that the solver never reaches, share the SFT
+    env_keys = ["deadlock_penalty=-3", "end_on_deadlock=true", "distance_shaping=0.25"]
+    dead = micro_config(WS + [f"+custom_envs.SimpleSokoban.env_config.{k}" for k in env_keys])
     assert dead.custom_envs.SimpleSokoban.env_config.deadlock_penalty == -3
+    assert dead.custom_envs.SimpleSokoban.env_config.end_on_deadlock is True
     assert warmstart_key(dead, tok) == warmstart_key(per_seed[0], tok)
+    assert warmstart_key(micro_config(WS + ["custom_envs.SimpleSokoban.env_config.max_steps=50"]), tok) \
+        != warmstart_key(per_seed[0], tok)  # not every env key is left out
     # mixed precision changes the numbers, so the key; off (null) keeps the key it had before the option existed
     assert warmstart_key(micro_config(WS + ["model.warmstart.autocast=bfloat16"]), tok) != warmstart_key(per_seed[0], tok)
     assert warmstart_key(micro_config(WS + ["model.warmstart.autocast=null"]), tok) == warmstart_key(per_seed[0], tok)

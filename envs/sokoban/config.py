@@ -60,6 +60,10 @@ class SokobanEnvConfig:
     compute_optimal: bool = True                # solve each room at reset for info['optimal_steps']
     deadlock_penalty: float = 0.0               # not RAGEN's: added once to the reward of the push that leaves the room
                                                 # unsolvable (a box that can no longer reach a target); 0 = gym-sokoban's rewards
+    end_on_deadlock: bool = False               # not RAGEN's: that push ends the episode (success unchanged: the room
+                                                # could not be solved any more)
+    distance_shaping: float = 0.0               # not RAGEN's: adds c * (d(s) - d(s')) to each step's reward, d = the
+                                                # solver's moves left (the room's cell count once unsolvable); 0 = off
 
     def __post_init__(self) -> None:
         if (self.dim_x is None) != (self.dim_y is None):
@@ -88,8 +92,13 @@ class SokobanEnvConfig:
             self.format_penalty = float(self.format_penalty)
             self.p_change_directions = float(self.p_change_directions)
             self.deadlock_penalty = float(self.deadlock_penalty)
+            self.distance_shaping = float(self.distance_shaping)
         except (TypeError, ValueError):
-            raise ValueError("format_penalty, p_change_directions and deadlock_penalty must be numbers") from None
+            raise ValueError("format_penalty, p_change_directions, deadlock_penalty and distance_shaping must be "
+                             "numbers") from None
+        if not isinstance(self.end_on_deadlock, bool):
+            raise ValueError(f"end_on_deadlock must be true or false, got {self.end_on_deadlock!r}")
+        self.end_on_deadlock = bool(self.end_on_deadlock)
         if not 0.0 <= self.p_change_directions <= 1.0:
             raise ValueError(f"p_change_directions must be in [0, 1], got {self.p_change_directions}")
         if self.num_gen_steps is not None:

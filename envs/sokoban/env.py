@@ -81,6 +81,9 @@ class SokobanEnv(BaseDiscreteActionEnv):
         self.render_mode = config.render_mode
         self._format_penalty = config.format_penalty
         self._deadlock_penalty = float(config.deadlock_penalty)
+        self._end_on_deadlock = config.end_on_deadlock
+        self._shaping = float(config.distance_shaping)
+        self._check_dead = bool(self._deadlock_penalty or self._end_on_deadlock or self._shaping)
         self._sep = config.action_sep
         self._max_actions = config.max_actions_per_turn
         self._valid_ids = frozenset(config.action_lookup)
@@ -100,6 +103,7 @@ class SokobanEnv(BaseDiscreteActionEnv):
         self._on = 0
         self._paid = 0
         self._dead = False
+        self._dist = 0
         self._targets: List[int] = []
         self._nb = 0
         self._optimal = -1
@@ -172,9 +176,10 @@ class SokobanEnv(BaseDiscreteActionEnv):
         self._done = False
         self.reward_last = 0.0
         self._optimal = optimal
-        if optimal < 0 and self.config.compute_optimal:
+        if optimal < 0 and (self.config.compute_optimal or self._shaping):
             sol = solve_flat(rows, cols, fixed, player, self._boxes)
             self._optimal = -1 if sol is None else len(sol)
+        self._dist = self._optimal if self._optimal >= 0 else rows * cols  # distance_shaping's d(s)
         self._obs = self._observe()
 
     # ------------------------------------------------------------------ stepping
@@ -229,7 +234,7 @@ class SokobanEnv(BaseDiscreteActionEnv):
             return self._obs, 0.0, True, {"success": self._success, "action_is_valid": a != 0,
                                           "action_is_effective": False, "optimal_steps": self._optimal}
         self._steps += 1
-        moved = False
+        moved = pushed = False
         if a == 0:
             reward = self._format_penalty
         else:
@@ -247,16 +252,24 @@ class SokobanEnv(BaseDiscreteActionEnv):
                         boxes.add(r)
                         self._on += (fixed[r] == TARGET) - (fixed[q] == TARGET)
                         self._player = q
-                        moved = True
-                        if self._deadlock_penalty and not self._dead and self._on != self._nb and solve_flat(
-                                self._rows, self._cols, fixed, q, boxes) is None:
-                            self._dead = True  # paid once: later pushes cannot make it more unsolvable
-                            reward += self._deadlock_penalty
+                        moved = pushed = True
                 else:
                     self._player = q
                     moved = True
             if moved:
                 self._obs = self._observe()
+                # only a push can make the room unsolvable, and nothing makes it solvable again
+                if self._check_dead and not self._dead and (pushed or self._shaping):
+                    sol = [] if self._on == self._nb else solve_flat(self._rows, self._cols, fixed, q, self._boxes)
+                    if sol is None:
+                        self._dead = True  # paid once: later pushes cannot make it more unsolvable
+                        reward += self._deadlock_penalty
+                        dist = self._rows * self._cols
+                    else:
+                        dist = len(sol)
+                    if self._shaping:
+                        reward += self._shaping * (self._dist - dist)
+                        self._dist = dist
         on = self._on
         if on != self._paid:  # gym-sokoban's count: +1 when it rises, -1 when it falls, from the last step's
             reward += self.REWARD_BOX_ON_TARGET if on > self._paid else self.PENALTY_BOX_OFF_TARGET
@@ -264,7 +277,7 @@ class SokobanEnv(BaseDiscreteActionEnv):
         if on == self._nb:
             reward += self.REWARD_FINISHED
             self._success = True
-        done = self._success or self._steps >= self.max_steps
+        done = self._success or self._steps >= self.max_steps or (self._dead and self._end_on_deadlock)
         self._done = done
         self.reward_last = reward
         return self._obs, reward, done, {"success": self._success, "action_is_valid": a != 0,
@@ -336,11 +349,11 @@ class SokobanEnv(BaseDiscreteActionEnv):
 
     def get_state(self) -> tuple:
         return (self._player, frozenset(self._boxes), self._steps, self._on, self._paid, self._done, self._success,
-                self.reward_last, self._obs, self._dead)
+                self.reward_last, self._obs, self._dead, self._dist)
 
     def set_state(self, state: tuple) -> None:
         (self._player, boxes, self._steps, self._on, self._paid, self._done, self._success,
-         self.reward_last, self._obs, self._dead) = state
+         self.reward_last, self._obs, self._dead, self._dist) = state
         self._boxes = set(boxes)
 
     # RAGEN / gym-sokoban attribute names
