@@ -712,3 +712,24 @@ def test_room_difficulty_within_10_percent_of_ragens(key):
         lengths.append(env.optimal_steps)
     mean = float(np.mean(lengths))
     assert abs(mean / RAGEN_MEAN_OPTIMAL[key] - 1) < 0.10, mean
+
+
+def test_pass_at_k_of_the_failures_benchmark_is_the_chance_that_k_tries_hold_a_success():
+    import importlib.util
+    import itertools
+    import math
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "sokoban_failures.py"
+    spec = importlib.util.spec_from_file_location("sokoban_failures", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    # hand cases: one success in 4 tries
+    assert bench.pass_at_k([4], [1], 1) == pytest.approx(0.25)
+    assert bench.pass_at_k([4], [1], 2) == pytest.approx(0.5)  # 1 - C(3,2)/C(4,2)
+    assert bench.pass_at_k([4], [1], 4) == 1.0 and bench.pass_at_k([4], [0], 4) == 0.0
+    # a slow reference: every k-subset of each room's tries, averaged over rooms
+    rooms = [[1, 0, 0, 1, 0], [0, 0, 0, 0, 0], [1, 1, 1, 1, 1], [0, 1, 0, 0, 0]]
+    for k in range(1, 6):
+        slow = sum(sum(any(s) for s in itertools.combinations(r, k)) / math.comb(len(r), k) for r in rooms) / len(rooms)
+        assert bench.pass_at_k([len(r) for r in rooms], [sum(r) for r in rooms], k) == pytest.approx(slow)
