@@ -388,7 +388,8 @@ def test_end_on_deadlock_ends_the_episode_at_the_push_that_makes_the_room_unsolv
     room_text = "######\n#____#\n#_X__#\n#_P_O#\n#____#\n######"
     env = SokobanEnv({"end_on_deadlock": True})
     env.set_room(room_text)
-    assert env.step("Left")[2] is False  # a walk, and a push that leaves the room solvable, go on
+    assert [env.step(a)[2] for a in ("Left", "Up", "Right")] == [False] * 3  # walks, and a push that leaves the
+    assert env.solve() is not None                                           # room solvable, go on
     env.set_room(room_text)
     _, reward, done, info = env.step("Up")  # the box against the top wall: never on the bottom-row target
     assert done and not info["success"] and reward == pytest.approx(-0.1)  # no penalty unless one is set

@@ -98,7 +98,6 @@ class SokobanEnvConfig:
                              "numbers") from None
         if not isinstance(self.end_on_deadlock, bool):
             raise ValueError(f"end_on_deadlock must be true or false, got {self.end_on_deadlock!r}")
-        self.end_on_deadlock = bool(self.end_on_deadlock)
         if not 0.0 <= self.p_change_directions <= 1.0:
             raise ValueError(f"p_change_directions must be in [0, 1], got {self.p_change_directions}")
         if self.num_gen_steps is not None:
