@@ -48,6 +48,8 @@ def policy_loss_config(cfg: DictConfig) -> Dict[str, Any]:
     a = cfg.actor_rollout_ref.actor
     out = OmegaConf.to_container(a.policy_loss, resolve=True)
     out.update({k: a.get(k) for k in ACTOR_LOSS_KEYS if a.get(k) is not None})
+    if out.get("loss_scale_factor") is None:  # seq-mean-token-sum-norm's constant: the most tokens a row can sample
+        out["loss_scale_factor"] = float(cfg.agent_proxy.max_turn * cfg.actor_rollout_ref.rollout.response_length)
     return out
 
 
@@ -132,8 +134,12 @@ def _algorithm_pieces(cfg: DictConfig) -> List[str]:
         out.append(f"trainer.critic_warmup={cfg.trainer.critic_warmup}: warms up a separate critic, and {why}; "
                    f"set it to 0")
     if cfg.engine.name != "local":  # keys that only the local engine reads
+        a = cfg.actor_rollout_ref.actor
         for name, value in (("trainer.resume_from", cfg.trainer.resume_from),
-                            ("actor_rollout_ref.actor.max_update_kl", cfg.actor_rollout_ref.actor.max_update_kl)):
+                            ("actor_rollout_ref.actor.max_update_kl", a.max_update_kl),
+                            ("actor_rollout_ref.actor.target_kl", a.get("target_kl")),
+                            ("actor_rollout_ref.actor.step_scale", None if a.get("step_scale", "none") == "none"
+                             else a.step_scale)):
             if value is not None:
                 out.append(f"{name}={value}: engine=local only (set it to null for engine={cfg.engine.name})")
     if adv == "grpo" and cfg.es_manager.train.group_size < 2:

@@ -113,6 +113,18 @@ def _policy_losses() -> List[str]:
     return sorted(POLICY_LOSS_REGISTRY)
 
 
+def _loss_agg_modes() -> List[str]:
+    from ragen_turn.algos.losses import TOKEN_AGG_MODES, TURN_AGG_MODES
+
+    return sorted(set(TOKEN_AGG_MODES + TURN_AGG_MODES))
+
+
+def _turn_bands() -> List[str]:
+    from ragen_turn.algos.losses import TURN_BANDS
+
+    return list(TURN_BANDS)
+
+
 # ------------------------------------------------------------------------------------------------ sections
 @dataclass
 class WandbConfig:
@@ -184,7 +196,10 @@ class ActorOptimConfig:
 class PolicyLossConfig:
     loss_mode: str = key(choices=_policy_losses)
     ratio_mode: str = key(choices=("sum", "geo_mean"))
-    loss_agg_mode: Optional[str] = key(None, choices=("token-mean", "seq-mean-token-mean", "turn-mean"))
+    loss_agg_mode: Optional[str] = key(None, choices=_loss_agg_modes)
+    turn_band: str = key("fixed", choices=_turn_bands)  # fixed | sqrt_len: a turn ratio's clip band (SPEC)
+    token_band: bool = key(False)  # inside a turn ratio, tokens outside token PPO's band get no gradient (SPEC)
+    loss_scale_factor: Optional[float] = key(None, **POSITIVE)  # seq-mean-token-sum-norm's constant (verl's key)
     clip_bias: bool = key()
     clip_bias_level: str = key(choices=("sample", "batch"))
     clip_bias_stat: str = key(choices=("mass", "rms"))
@@ -203,6 +218,8 @@ class ActorConfig:
     ppo_epochs: int = key(**COUNT)
     grad_clip: float = key(**NON_NEGATIVE)  # 0 = no clipping
     max_update_kl: Optional[float] = key(None, **POSITIVE)  # null = no update-size guard
+    target_kl: Optional[float] = key(None, **POSITIVE)  # null = no early stop (CleanRL's / SB3's target_kl)
+    step_scale: str = key("none", choices=("none", "live"))  # live: a mini-batch's step x its live share
     optim: ActorOptimConfig = section(ActorOptimConfig)
     policy_loss: PolicyLossConfig = section(PolicyLossConfig)
 

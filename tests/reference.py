@@ -156,13 +156,17 @@ def ref_ragen_bi_level(token_rewards, values, mask, gamma, lam, high_gamma):
 
 
 def ref_policy_loss(name, old_logp, logp, adv, mask, low=0.2, high=0.28, ratio_mode=None, agg=None,
-                    clip_bias=False, clip_c=3.0, stat="mass", level="sample", threshold=None):
+                    clip_bias=False, clip_c=3.0, stat="mass", level="sample", threshold=None,
+                    token_band=False, turn_band="fixed", loss_scale_factor=None):
     """Loop reference of every policy loss; differentiable through ``logp`` (torch scalar ops).
 
     Dual clip (``clip_c``): for A < 0 a unit's loss is capped at ``-A c``. The correction: ``mass``
     (sqrt of the summed (n w A)^2 over units clipping gives no gradient, over the others' sum) or ``rms``
     (RMS of w_t A_t over tokens whose own ratio is outside [1-low, 1+high], over the inside ones' RMS),
-    per row (``sample``) or over the batch; scale 1/r where r > threshold."""
+    per row (``sample``) or over the batch; scale 1/r where r > threshold; a dual-clipped unit enters the mass
+    statistic at ratio c. ``token_band``: a token outside token PPO's band on its (turn's) advantage's side adds its
+    log-ratio to its turn ratio detached. ``turn_band=sqrt_len``: a turn's band on its summed log-ratio is
+    sqrt(n) x [log(1-low), log(1+high)] (divided by n for the geo-mean)."""
     B, T = mask.shape
     turn_unit = name in ("turn_ppo", "turn_ppo_geo")
     turn_ratio = name in ("turn_ppo", "turn_ppo_geo", "turn_is", "st_ppo")
@@ -174,54 +178,69 @@ def ref_policy_loss(name, old_logp, logp, adv, mask, low=0.2, high=0.28, ratio_m
     if threshold is None:
         threshold = 1.0 if stat == "mass" else 5.0
     agg = agg or ("turn-mean" if turn_unit else "token-mean")
-    rows = []  # per row: list of (ratio tensor, adv float, n_tokens)
+    rows = []  # per row: list of (ratio tensor, adv float, n_tokens, (log_low, log_high))
+    fixed = (math.log(1 - low), math.log(1 + high))
     for b in range(B):
         units = []
         for toks in turns_of(mask[b]):
-            d = [logp[b, t] - old_logp[b, t] for t in toks]
+            turn_a = sum(adv[b, t].item() for t in toks) / len(toks)
+            d = []
+            for t in toks:
+                dt = logp[b, t] - old_logp[b, t]
+                a_gate = turn_a if turn_unit else adv[b, t].item()
+                out = (a_gate > 0 and dt.item() > fixed[1]) or (a_gate < 0 and dt.item() < fixed[0])
+                d.append(dt.detach() if (token_band and turn_ratio and out) else dt)
             s = sum(d)
+            n = len(toks)
+            band = fixed
+            if turn_band == "sqrt_len" and turn_ratio:
+                f = math.sqrt(n) if ratio_mode == "sum" else 1 / math.sqrt(n)
+                band = (f * fixed[0], f * fixed[1])
             if ratio_mode == "geo_mean":
-                s = s / len(toks)
+                s = s / n
             turn_w = torch.exp(s) if turn_ratio else None
             if turn_unit:
-                a = sum(adv[b, t].item() for t in toks) / len(toks)
-                units.append((turn_w, a, len(toks)))
+                units.append((turn_w, turn_a, n, band))
             else:
                 for t, dt in zip(toks, d):
                     w = turn_w if turn_ratio else torch.exp(dt)
-                    units.append((w, adv[b, t].item(), 1))
+                    units.append((w, adv[b, t].item(), 1, band))
         rows.append(units)
+    n_rows = sum(1 for u in rows if u)
     if turn_unit and agg == "turn-mean":
         denom = sum(len(u) for u in rows)
         weight = lambda unit: 1.0 / denom  # noqa: E731
-    elif agg == "seq-mean-token-mean":
-        n_rows = sum(1 for u in rows if u)
-        weight = None
+    elif agg in ("seq-mean-token-mean", "seq-mean-turn-sum-token-norm"):
+        weight = None  # 1 / (row's tokens) / rows, per token or per turn
+    elif agg == "seq-mean-token-sum":
+        weight = lambda unit: unit[2] / n_rows  # noqa: E731
+    elif agg == "seq-mean-token-sum-norm":
+        weight = lambda unit: unit[2] / n_rows / loss_scale_factor  # noqa: E731
     else:
-        denom = sum(n for u in rows for (_, _, n) in u)
+        denom = sum(unit[2] for u in rows for unit in u)
         weight = lambda unit: unit[2] / denom  # noqa: E731
     row_losses, row_sums = [], []
     for b, units in enumerate(rows):
-        n_tok = sum(n for (_, _, n) in units)
+        n_tok = sum(unit[2] for unit in units)
         L_i = torch.zeros(())
         out2 = in2 = 0.0
         n_out = n_in = 0
         for unit in units:
-            w, a, _ = unit
+            w, a, _, (lo, hi) = unit
             n = weight(unit) if weight is not None else 1.0 / n_tok / n_rows
             wv = w.item()
-            clipped = (a > 0 and wv > 1 + high) or (a < 0 and wv < 1 - low)
+            clipped = (a > 0 and math.log(wv) > hi) or (a < 0 and math.log(wv) < lo)
             dual = a < 0 and wv > clip_c
             if dual:
                 term = torch.tensor(-a * clip_c)
             elif clipped:
-                term = -torch.clamp(w, 1 - low, 1 + high) * a
+                term = -torch.clamp(w, math.exp(lo), math.exp(hi)) * a
             else:
                 term = -w * a
             L_i = L_i + n * term
             if stat == "mass":
                 if clipped or dual:
-                    out2, n_out = out2 + (n * wv * a) ** 2, n_out + 1
+                    out2, n_out = out2 + (n * min(wv, clip_c if dual else wv) * a) ** 2, n_out + 1
                 else:
                     in2, n_in = in2 + (n * wv * a) ** 2, n_in + 1
         if stat == "rms":

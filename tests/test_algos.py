@@ -539,18 +539,29 @@ CONFIGS = [{}, {"clip_bias": True}, {"clip_bias": True, "clip_bias_level": "batc
            {"clip_bias": True, "clip_bias_stat": "rms", "clip_bias_level": "batch", "clip_bias_threshold": 1.5},
            {"clip_bias": True, "clip_bias_stat": "rms", "clip_bias_threshold": 1.0},
            {"clip_bias": True, "clip_bias_threshold": 3.0, "loss_agg_mode": "seq-mean-token-mean"},
-           {"loss_agg_mode": "token-mean", "clip_ratio_c": 2.0}]
+           {"loss_agg_mode": "token-mean", "clip_ratio_c": 2.0},
+           # the trust-region options for turn ratios (a no-op on token_ppo / s_ppo) and the other aggregations
+           {"token_band": True},
+           {"turn_band": "sqrt_len", "clip_bias": True},
+           {"token_band": True, "turn_band": "sqrt_len", "clip_ratio_c": 2.0},
+           {"loss_agg_mode": "seq-mean-turn-sum-token-norm", "token_band": True},
+           {"loss_agg_mode": "seq-mean-token-sum", "clip_bias": True},
+           {"loss_agg_mode": "seq-mean-token-sum-norm", "loss_scale_factor": 20.0}]
+TOKEN_ONLY_AGGS = ("seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 
 
 def _ref_kwargs(cfg):
     return dict(clip_bias=cfg.get("clip_bias", False), stat=cfg.get("clip_bias_stat", "mass"),
                 level=cfg.get("clip_bias_level", "sample"), threshold=cfg.get("clip_bias_threshold"),
-                agg=cfg.get("loss_agg_mode"), clip_c=cfg.get("clip_ratio_c", 3.0))
+                agg=cfg.get("loss_agg_mode"), clip_c=cfg.get("clip_ratio_c", 3.0),
+                token_band=cfg.get("token_band", False), turn_band=cfg.get("turn_band", "fixed"),
+                loss_scale_factor=cfg.get("loss_scale_factor"))
 
 
 def _valid(name, cfg):
     agg = cfg.get("loss_agg_mode")
-    return not (agg == "seq-mean-token-mean" and name.startswith("turn_ppo"))
+    turn_unit = name.startswith("turn_ppo")
+    return not ((agg in TOKEN_ONLY_AGGS and turn_unit) or (agg == "seq-mean-turn-sum-token-norm" and not turn_unit))
 
 
 @pytest.mark.parametrize("cfg", range(len(CONFIGS)))
@@ -558,7 +569,7 @@ def _valid(name, cfg):
 def test_every_reading_matches_the_loop_reference(name, cfg):
     cfg = CONFIGS[cfg]
     if not _valid(name, cfg):
-        pytest.skip("seq-mean-token-mean is a token-unit aggregation")
+        pytest.skip("an aggregation of the other unit type")
     old, logp, adv, mask = _loss_inputs(3, B=6, scale=0.6)
     loss, m = policy_loss(name, logp, old, adv, mask, config=cfg)
     (grad,) = torch.autograd.grad(loss, logp)
@@ -573,14 +584,16 @@ def test_every_reading_matches_the_loop_reference(name, cfg):
 @pytest.mark.parametrize("name", ALL_LOSSES)
 def test_micro_batch_losses_add_up_to_the_mini_batch_loss(name, cfg):
     """With the mini-batch's GlobalCounts (and, for batch-level corrections, its summed statistics from a
-    no-grad pre-pass), micro-batches of any size give the whole mini-batch's loss and gradient."""
+    no-grad pre-pass), micro-batches of any size give the whole mini-batch's loss and gradient, and their
+    metrics (each a micro-batch's share) add up to the whole mini-batch's metrics."""
     cfg = CONFIGS[cfg]
     if not _valid(name, cfg):
-        pytest.skip("seq-mean-token-mean is a token-unit aggregation")
+        pytest.skip("an aggregation of the other unit type")
     old, logp, adv, mask = _loss_inputs(12, B=8, max_turns=5, max_len=7, scale=0.6)
     fn = get_policy_loss_fn(name)
-    full, _ = fn(old, logp, adv, mask, None, cfg)
+    full, m_full = fn(old, logp, adv, mask, None, cfg)
     (g_full,) = torch.autograd.grad(full, logp)
+    assert 0 < m_full["actor/clip_frac_token"] < 1 and 0 < m_full["actor/approx_kl"]  # the metrics are not trivial
     counts = GlobalCounts.of(mask)
     for micro in (1, 2, 3):
         parts = [slice(i, i + micro) for i in range(0, 8, micro)]
@@ -588,10 +601,14 @@ def test_micro_batch_losses_add_up_to_the_mini_batch_loss(name, cfg):
             stats = sum(minibatch_clip_stats(name, old[p], logp[p], adv[p], mask[p], cfg, global_counts=counts)
                         for p in parts)
             counts = counts.with_clip_stats(stats)
-        total = sum(fn(old[p], logp[p], adv[p], mask[p], None, cfg, None, None, counts)[0] for p in parts)
+        outs = [fn(old[p], logp[p], adv[p], mask[p], None, cfg, None, None, counts) for p in parts]
+        total = sum(o[0] for o in outs)
         (g_total,) = torch.autograd.grad(total, logp)
         assert total.item() == pytest.approx(full.item(), rel=1e-5, abs=1e-7), micro
         assert torch.allclose(g_total, g_full, atol=1e-7), micro
+        assert set(outs[0][1]) == set(m_full)
+        for k, v in m_full.items():
+            assert sum(o[1][k] for o in outs) == pytest.approx(v, rel=1e-6, abs=1e-9), (micro, k)
 
 
 def test_value_loss_and_masked_mean_add_up_with_a_normaliser():
@@ -736,3 +753,92 @@ def test_bi_level_gae_turn_ends_differ_on_zero_reward_turns_and_are_checked():
     assert not torch.allclose(a_mask, a_rew)
     with pytest.raises(ValueError, match="bi_level_gae_turn_ends"):
         compute_bi_level_gae(r, vals, mask, 1.0, 1.0, 0.9, turn_ends="tokens")
+
+
+# ------------------------------------------------------------------------------------------ trust region for turn ratios
+def test_mass_correction_keeps_a_rows_gradient_when_one_unit_is_dual_clipped():
+    """One row, two turns: turn 0 has A = -1 and a product ratio of e^10 (dual-clipped, its loss capped at c|A|),
+    turn 1 has A = +1 at ratio 1 (live). At its raw ratio turn 0 would give r = e^10 and scale turn 1's gradient to
+    e^-10; it enters at c = 3: r = 3, scale 1/3."""
+    mask = torch.tensor([[1.0, 1.0, 0.0, 1.0, 1.0]])
+    old = torch.zeros(1, 5)
+    logp = torch.tensor([[5.0, 5.0, 0.0, 0.0, 0.0]], requires_grad=True)
+    adv = torch.tensor([[-1.0, -1.0, 0.0, 1.0, 1.0]])
+    loss, m = policy_loss("turn_ppo", logp, old, adv, mask, config={"clip_bias": True})
+    assert m["actor/dual_clip_frac"] == pytest.approx(0.5) and m["actor/clip_bias_ratio"] == pytest.approx(3.0)
+    (g,) = torch.autograd.grad(loss, logp)
+    # turn 1's gradient: -A w n s = -1 * 1 * 1/2 * 1/3 on each of its tokens; turn 0's: none (dual-clipped)
+    assert g[0, 3].item() == pytest.approx(-1 / 6) and g[0, 4].item() == pytest.approx(-1 / 6)
+    assert g[0, 0].item() == 0.0 and g[0, 1].item() == 0.0
+
+
+def test_token_band_takes_the_gradient_of_tokens_outside_token_ppos_band_hand_case():
+    """One turn d = (+0.5, -0.5), A = +1: the turn ratio is 1 (not clipped); token 0's own ratio e^0.5 > 1.28 is
+    outside token PPO's band. token_band: the value is unchanged, token 0 gets no gradient, token 1 keeps -A w n."""
+    mask = torch.tensor([[1.0, 1.0]])
+    old = torch.zeros(1, 2)
+    adv = torch.ones(1, 2)
+    for name in ("turn_ppo", "turn_ppo_geo", "turn_is", "st_ppo"):
+        logp = torch.tensor([[0.5, -0.5]], requires_grad=True)
+        base, _ = policy_loss(name, logp, old, adv, mask)
+        loss, m = policy_loss(name, logp, old, adv, mask, config={"token_band": True})
+        assert loss.item() == pytest.approx(base.item())
+        (g,) = torch.autograd.grad(loss, logp)
+        assert g[0, 0].item() == 0.0 and g[0, 1].item() < 0, name
+        assert m["actor/token_band_frac"] == pytest.approx(0.5) and m["actor/live_frac"] == pytest.approx(0.5)
+        assert m["actor/token_outside_kept_frac"] == 0.0
+    # token_ppo has no turn ratio: the key changes nothing
+    logp = torch.tensor([[0.5, -0.5]], requires_grad=True)
+    a, _ = policy_loss("token_ppo", logp, old, adv, mask)
+    b, mb = policy_loss("token_ppo", logp, old, adv, mask, config={"token_band": True})
+    assert a.item() == b.item() and mb["actor/token_band_frac"] == 0.0
+
+
+def test_turn_band_sqrt_len_hand_cases():
+    """A turn of 4 tokens, A = +1. Each d_t = 0.1 (sum 0.4): the fixed band (log 1.28 = 0.247 on the sum) clips it,
+    sqrt_len (2 x 0.247 = 0.494) keeps it live. Each d_t = 0.2 (sum 0.8): both clip it. The geo-mean ratio gets the
+    same band on its mean (0.494 / 4 = 0.123, where the fixed band is 0.247): mean 0.1 live under both, 0.2 clipped
+    only under sqrt_len, 0.3 under both."""
+    mask = torch.ones(1, 4)
+    old = torch.zeros(1, 4)
+    adv = torch.ones(1, 4)
+    cases = {"turn_ppo": ((0.1, True, False), (0.2, True, True)),
+             "turn_ppo_geo": ((0.1, False, False), (0.2, False, True), (0.3, True, True))}
+    for name, rows in cases.items():
+        for d, fixed_clipped, sqrt_clipped in rows:
+            logp = torch.full((1, 4), d)
+            _, mf = policy_loss(name, logp, old, adv, mask)
+            _, ms = policy_loss(name, logp, old, adv, mask, config={"turn_band": "sqrt_len"})
+            assert mf["actor/clip_frac_turn"] == float(fixed_clipped), (name, d)
+            assert ms["actor/clip_frac_turn"] == float(sqrt_clipped), (name, d)
+    # the clipped value is at the band's edge: turn_ppo, sum 0.8, band e^0.494
+    logp = torch.full((1, 4), 0.2)
+    loss, _ = policy_loss("turn_ppo", logp, old, adv, mask, config={"turn_band": "sqrt_len"})
+    assert loss.item() == pytest.approx(-math.exp(2 * math.log(1.28)), rel=1e-6)
+    # A < 0, sum -1.2 (each -0.3): below the sqrt band's low edge 2 log 0.8 = -0.446: clipped
+    _, m = policy_loss("turn_ppo", torch.full((1, 4), -0.3), old, -adv, mask, config={"turn_band": "sqrt_len"})
+    assert m["actor/clip_frac_turn"] == 1.0
+
+
+def test_aggregations_hand_cases():
+    """Two rows: row 0 one turn of 2 tokens, row 1 two turns of 1 and 3 tokens; all ratios 1, so each unit's loss
+    is -A. seq-mean-turn-sum-token-norm: each row's turn losses summed over its tokens, mean over rows;
+    seq-mean-token-sum (DrGRPO): token losses summed per row, mean over rows; -norm: divided by the constant."""
+    mask = torch.tensor([[1.0, 1.0, 0.0, 0.0, 0.0], [1.0, 0.0, 1.0, 1.0, 1.0]])
+    adv = torch.tensor([[1.0, 1.0, 0.0, 0.0, 0.0], [2.0, 0.0, 3.0, 3.0, 3.0]])
+    z = torch.zeros(2, 5)
+    loss, _ = policy_loss("turn_ppo", z, z, adv, mask, config={"loss_agg_mode": "seq-mean-turn-sum-token-norm"})
+    assert loss.item() == pytest.approx(-((1 / 2) + (2 + 3) / 4) / 2)
+    loss, _ = policy_loss("token_ppo", z, z, adv, mask, config={"loss_agg_mode": "seq-mean-token-sum"})
+    assert loss.item() == pytest.approx(-((1 + 1) + (2 + 9)) / 2)
+    loss, _ = policy_loss("token_ppo", z, z, adv, mask, config={"loss_agg_mode": "seq-mean-token-sum-norm",
+                                                                 "loss_scale_factor": 10.0})
+    assert loss.item() == pytest.approx(-((1 + 1) + (2 + 9)) / 2 / 10)
+    with pytest.raises(ValueError, match="loss_scale_factor"):
+        policy_loss("token_ppo", z, z, adv, mask, config={"loss_agg_mode": "seq-mean-token-sum-norm"})
+    with pytest.raises(ValueError, match="turn-unit"):
+        policy_loss("turn_ppo", z, z, adv, mask, config={"loss_agg_mode": "seq-mean-token-sum"})
+    for cfg, key in (({"turn_band": "wide"}, "turn_band"), ({"loss_agg_mode": "x"}, "loss_agg_mode"),
+                     ({"loss_scale_factor": 0}, "loss_scale_factor")):
+        with pytest.raises(ValueError, match=key):
+            loss_settings(cfg)

@@ -26,7 +26,6 @@ from .advantages import (
 )
 from .losses import (
     POLICY_LOSS_REGISTRY,
-    SUMMED_METRICS,
     GlobalCounts,
     LossSettings,
     PPOTerms,

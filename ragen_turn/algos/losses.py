@@ -12,8 +12,14 @@ checked by :func:`loss_settings`:
 - ``clip_ratio_low`` (0.2), ``clip_ratio_high`` (0.28), or ``clip_ratio`` for both;
 - ``clip_ratio_c`` (3.0): dual clip, the loss of a unit with A < 0 is capped at ``-A c`` (verl's name);
 - ``ratio_mode``: ``sum`` (turn ratio = product of token ratios) or ``geo_mean`` (length-normalised);
-- ``loss_agg_mode``: ``token-mean`` or ``seq-mean-token-mean`` for token units, ``turn-mean`` or
-  ``token-mean`` for turn units (the ``loss_agg_mode`` argument wins when given);
+- ``loss_agg_mode``: ``token-mean``, ``seq-mean-token-mean``, ``seq-mean-token-sum`` (DrGRPO) or
+  ``seq-mean-token-sum-norm`` (verl's; divided by ``loss_scale_factor``) for token units; ``turn-mean``,
+  ``token-mean`` or ``seq-mean-turn-sum-token-norm`` (the Turn-PPO reimplementations': a row's turn losses
+  summed, divided by its response tokens, mean over rows) for turn units (the argument wins when given);
+- ``turn_band``: ``fixed`` (the turn's log-ratio in ``[log(1-low), log(1+high)]``) or ``sqrt_len`` (that band
+  times ``sqrt(n_h)`` on the turn's summed log-ratio, for a turn of n_h tokens, whichever ``ratio_mode``);
+- ``token_band`` (bool): inside a turn ratio, a token whose own ratio has left token PPO's band on the side its
+  advantage pushes gives its turn ratio no gradient (the value is unchanged);
 - ``clip_bias`` (bool), ``clip_bias_level`` (``sample``/``batch``), ``clip_bias_stat`` (``mass``/``rms``)
   and ``clip_bias_threshold`` (null = 1 for mass, 5 for rms): the clipping-bias correction.
 
@@ -26,8 +32,10 @@ Each loss is built from its *terms*: one (ratio w_u, advantage A_u, weight n_u) 
 (a token or a turn), laid out ``[B, K]``. The PPO objective, dual clip, the clip fractions and the
 clipping-bias correction are computed once from those terms (:func:`loss_from_units`).
 
-Metrics are means over this call's batch, except ``actor/pg_loss``: the loss that was differentiated
-(with global counts, this micro-batch's share; add them up over a mini-batch, as verl does).
+Metrics are means over tokens, turns or rows; with ``global_counts`` each is this micro-batch's share of the
+mini-batch's value (its sum divided by the mini-batch's count), so a trainer adds every metric up over a
+mini-batch's micro-batches and gets the mini-batch's statistics for any micro-batch size (``actor/pg_loss``: the
+loss that was differentiated).
 """
 from __future__ import annotations
 
@@ -45,9 +53,9 @@ from .turns import check_turn_ids, scatter_turns, turn_sums, turn_token_counts, 
 POLICY_LOSS_REGISTRY = Registry("policy loss")
 get_policy_loss_fn = POLICY_LOSS_REGISTRY.lookup
 
-# metrics that are a micro-batch's share of a mini-batch mean when the loss gets global counts:
-# a trainer adds them up over the micro-batches of a mini-batch (the others are micro-batch means)
-SUMMED_METRICS = ("actor/pg_loss", "actor/entropy", "actor/kl_loss", "critic/value_loss")
+TURN_BANDS = ("fixed", "sqrt_len")
+TOKEN_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+TURN_AGG_MODES = ("turn-mean", "token-mean", "seq-mean-turn-sum-token-norm")
 
 
 def cfg_get(config: Any, key: str, default: Any = None) -> Any:
@@ -80,6 +88,9 @@ class LossSettings:
     clip_bias_level: str = "sample"
     clip_bias_stat: str = "mass"
     clip_bias_threshold: float = 1.0
+    turn_band: str = "fixed"
+    token_band: bool = False
+    loss_scale_factor: Optional[float] = None
 
     @property
     def log_ratio_cap(self) -> float:
@@ -112,7 +123,17 @@ def loss_settings(config: Any) -> LossSettings:
     thr = float(cfg_get(config, "clip_bias_threshold", 1.0 if stat == "mass" else 5.0))
     if not thr >= 1.0:
         raise ValueError(f"clip_bias_threshold must be >= 1 (the correction only scales down), got {thr}")
-    return LossSettings(low, high, c, mode, agg, bool(cfg_get(config, "clip_bias", False)), level, stat, thr)
+    band = cfg_get(config, "turn_band", "fixed")
+    if band not in TURN_BANDS:
+        raise ValueError(f"turn_band must be one of {TURN_BANDS}, got {band!r}")
+    if agg is not None and agg not in TOKEN_AGG_MODES + TURN_AGG_MODES:
+        raise ValueError(f"loss_agg_mode must be one of {sorted(set(TOKEN_AGG_MODES + TURN_AGG_MODES))}, got {agg!r}")
+    scale = cfg_get(config, "loss_scale_factor", None)
+    if scale is not None and not (float(scale) > 0 and math.isfinite(float(scale))):
+        raise ValueError(f"loss_scale_factor must be a finite number > 0, got {scale}")
+    return LossSettings(low, high, c, mode, agg, bool(cfg_get(config, "clip_bias", False)), level, stat, thr,
+                        band, bool(cfg_get(config, "token_band", False)),
+                        None if scale is None else float(scale))
 
 
 @dataclass(frozen=True)
@@ -158,20 +179,28 @@ def _denominator(local: torch.Tensor, global_count: Optional[float]) -> torch.Te
 class PPOTerms:
     """The units a PPO loss averages, laid out ``[B, K]`` (K = T for tokens, H for turns).
 
-    ratio: importance ratio w_u (differentiable; its exponent capped at
-    :attr:`LossSettings.log_ratio_cap`, where the loss is flat in it); advantages: A_u; weight: n_u,
-    the unit's weight in the loss's mean (0 on padding); log_ratio: log w_u, uncapped and detached
-    (for statistics; default ``log(ratio)``).
+    ratio: importance ratio w_u (differentiable; its exponent capped where the loss is flat in it,
+    :func:`capped_exp`); advantages: A_u; weight: n_u, the unit's weight in the loss's mean (0 on padding);
+    log_ratio: log w_u, uncapped and detached (for the clip masks and statistics; default ``log(ratio)``);
+    log_low / log_high: the unit's clip band on log w_u (None = ``log(1-low)``, ``log(1+high)`` for every unit).
     """
 
     ratio: torch.Tensor
     advantages: torch.Tensor
     weight: torch.Tensor
     log_ratio: Optional[torch.Tensor] = None
+    log_low: Optional[torch.Tensor] = None
+    log_high: Optional[torch.Tensor] = None
 
     def __post_init__(self):
         if self.log_ratio is None:
             self.log_ratio = torch.log(self.ratio.detach().clamp(min=1e-45))
+
+    def band(self, clip_low: float, clip_high: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(log_low, log_high)`` ``[B, K]``: each unit's clip band on its log-ratio."""
+        lo = self.log_low if self.log_low is not None else torch.full_like(self.log_ratio, math.log1p(-clip_low))
+        hi = self.log_high if self.log_high is not None else torch.full_like(self.log_ratio, math.log1p(clip_high))
+        return lo, hi
 
 
 @dataclass
@@ -180,7 +209,8 @@ class LossUnits:
 
     unit_ids ``[B, T]``: the unit (column of ``terms``) of each response token, -1 elsewhere;
     token_log_ratio ``[B, T]``: each token's own log-ratio d_t; token_advantages ``[B, T]``;
-    mask ``[B, T]`` float; turn_ids ``[B, T]`` and H for turn metrics.
+    mask ``[B, T]`` float; turn_ids ``[B, T]`` and H for turn metrics; token_gated ``[B, T]`` bool: tokens
+    ``token_band`` keeps out of their turn ratio's gradient (None = none).
     """
 
     terms: PPOTerms
@@ -190,6 +220,7 @@ class LossUnits:
     mask: torch.Tensor
     turn_ids: torch.Tensor
     H: int
+    token_gated: Optional[torch.Tensor] = None
 
     def on_tokens(self, unit_values: torch.Tensor) -> torch.Tensor:
         """``[B, K]`` per-unit values -> ``[B, T]`` per-token (0 off the response)."""
@@ -201,17 +232,32 @@ class LossUnits:
 
 def clip_region(log_ratio: torch.Tensor, advantages: torch.Tensor, clip_low: float, clip_high: float) -> torch.Tensor:
     """Where PPO's clip takes the gradient away: A > 0 and w > 1+high, or A < 0 and w < 1-low (bool, same shape)."""
-    return ((advantages > 0) & (log_ratio > math.log1p(clip_high))) | \
-        ((advantages < 0) & (log_ratio < math.log1p(-clip_low)))
+    return clip_region_log(log_ratio, advantages, math.log1p(-clip_low), math.log1p(clip_high))
+
+
+def clip_region_log(log_ratio: torch.Tensor, advantages: torch.Tensor, log_low, log_high) -> torch.Tensor:
+    """:func:`clip_region` with the band given on log w (floats or tensors shaped like ``log_ratio``)."""
+    return ((advantages > 0) & (log_ratio > log_high)) | ((advantages < 0) & (log_ratio < log_low))
+
+
+def capped_exp(log_ratio: torch.Tensor, settings: "LossSettings", log_high=None) -> torch.Tensor:
+    """``exp(log_ratio)`` with the exponent capped where every unit's loss is flat in it: above
+    ``max(log c, log_high)`` a unit is PPO-clipped (A > 0), dual-clipped (A < 0) or has A = 0, so the cap changes
+    neither the loss nor its gradient (SPEC "Keeping exp finite"). ``log_high``: per-unit upper bounds (a tensor)."""
+    cap = settings.log_ratio_cap
+    if log_high is None:
+        return torch.exp(log_ratio.clamp(max=cap))
+    return torch.exp(torch.minimum(log_ratio, log_high.clamp(min=cap)))
 
 
 def ppo_objective(terms: PPOTerms, clip_low: float, clip_high: float,
                   clip_c: Optional[float] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-unit clipped surrogate with dual clip, and which units it clips.
 
-    ``l_u = max(-w A, -clip(w, 1-low, 1+high) A)``, and for A < 0 ``l_u = min(l_u, -c A)`` (dual clip,
-    verl's ``clip_ratio_c``; None = off). PPO-clipped: A > 0 and w > 1+high, or A < 0 and w < 1-low.
-    Dual-clipped: A < 0 and w > c. Both get zero gradient.
+    ``l_u = max(-w A, -clip(w, e^{log_low_u}, e^{log_high_u}) A)`` (the band: ``[1-low, 1+high]`` unless the
+    terms carry per-unit bounds), and for A < 0 ``l_u = min(l_u, -c A)`` (dual clip, verl's ``clip_ratio_c``;
+    None = off). PPO-clipped: A > 0 and w above the band, or A < 0 and w below it. Dual-clipped: A < 0 and w > c.
+    Both get zero gradient.
 
     Returns:
         per_unit_loss ``[B, K]``, clipped ``[B, K]`` bool, dual_clipped ``[B, K]`` bool.
@@ -219,8 +265,13 @@ def ppo_objective(terms: PPOTerms, clip_low: float, clip_high: float,
     w, A = terms.ratio, terms.advantages
     lw = terms.log_ratio  # the masks read the uncapped ratio (w itself stops at the cap)
     unclipped = -w * A
-    clipped_val = -w.clamp(1.0 - clip_low, 1.0 + clip_high) * A
-    clipped = clip_region(lw, A, clip_low, clip_high)
+    if terms.log_low is None and terms.log_high is None:
+        clipped_val = -w.clamp(1.0 - clip_low, 1.0 + clip_high) * A
+        clipped = clip_region(lw, A, clip_low, clip_high)
+    else:
+        lo, hi = terms.band(clip_low, clip_high)
+        clipped_val = -torch.minimum(torch.maximum(w, lo.exp()), hi.exp()) * A
+        clipped = clip_region_log(lw, A, lo, hi)
     per_unit = torch.where(clipped, clipped_val, unclipped)  # == max(unclipped, clipped_val)
     if clip_c is None:
         return per_unit, clipped, torch.zeros_like(clipped)
@@ -228,18 +279,22 @@ def ppo_objective(terms: PPOTerms, clip_low: float, clip_high: float,
     return torch.where(dual, -A * clip_c, per_unit), clipped, dual
 
 
-def clip_bias_sums(units: LossUnits, no_grad_units: torch.Tensor, settings: LossSettings) -> torch.Tensor:
+def clip_bias_sums(units: LossUnits, clipped: torch.Tensor, dual: torch.Tensor, settings: LossSettings) -> torch.Tensor:
     """Per-row sums the correction's statistic is made of: ``[B, 4]`` float64 ``(S_out, N_out, S_in, N_in)``.
 
     ``mass`` (SPEC's reading): over the loss's units, S = sum of (n_u w_u A_u)^2, "out" = the units
-    clipping gives no gradient (``no_grad_units``). ``rms`` (SORL's code): over response tokens,
+    clipping gives no gradient (``clipped | dual``). A dual-clipped unit (A < 0, w > c) enters at ``w = c``:
+    its loss is capped at ``c |A|``, so that is the most of its gradient the cap throws away (at its raw ratio
+    one long turn would scale the rest of its row to nothing). ``rms`` (SORL's code): over response tokens,
     S = sum of (w_t A_t)^2 with the token's own ratio, "out" = tokens whose ratio lies outside
     [1-low, 1+high]. N counts the units of each side. Sums add up over rows and micro-batches.
     """
+    no_grad_units = clipped | dual
     if settings.clip_bias_stat == "mass":
         t = units.terms
-        w = torch.exp(t.log_ratio.double().clamp(max=300.0))  # (e^300)^2 still fits a float64
-        x2 = (t.weight.double() * w * t.advantages.double()) ** 2
+        lw = t.log_ratio.double().clamp(max=300.0)  # (e^300)^2 still fits a float64
+        lw = torch.where(dual, lw.clamp(max=math.log(settings.clip_c)), lw)
+        x2 = (t.weight.double() * torch.exp(lw) * t.advantages.double()) ** 2
         present = t.weight != 0
         out = no_grad_units & present
         inside = ~no_grad_units & present
@@ -263,7 +318,7 @@ def clip_bias_ratio(sums: torch.Tensor, stat: str, eps: float = 1e-8) -> torch.T
     return s_out.sqrt() / (s_in.sqrt() + eps)
 
 
-def clip_bias_scale(units: LossUnits, no_grad_units: torch.Tensor, settings: LossSettings,
+def clip_bias_scale(units: LossUnits, clipped: torch.Tensor, dual: torch.Tensor, settings: LossSettings,
                     global_counts: Optional[GlobalCounts] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The correction's detached scale per row: ``s = 1/r`` where ``r > threshold``, else 1.
 
@@ -273,7 +328,7 @@ def clip_bias_scale(units: LossUnits, no_grad_units: torch.Tensor, settings: Los
     Returns:
         scale ``[B]``, r ``[B]`` (both detached, the loss's dtype).
     """
-    sums = clip_bias_sums(units, no_grad_units, settings)
+    sums = clip_bias_sums(units, clipped, dual, settings)
     B = sums.shape[0]
     if settings.clip_bias_level == "batch":
         total = global_counts.clip_stats if global_counts is not None and global_counts.clip_stats is not None \
@@ -286,68 +341,91 @@ def clip_bias_scale(units: LossUnits, no_grad_units: torch.Tensor, settings: Los
     return scale.to(dtype).detach(), r.to(dtype).detach()
 
 
+class _Denominators:
+    """The denominators of a loss's statistics: the mini-batch's counts when given (so each micro-batch's
+    statistic is its share and the shares add up to the mini-batch's value), else this batch's own."""
+
+    def __init__(self, units: LossUnits, global_counts: Optional[GlobalCounts]):
+        gc = global_counts
+        counts = turn_token_counts(units.turn_ids, units.H)
+        self.tokens = float(_denominator(units.mask.sum(), gc.tokens if gc else None))
+        self.turns = float(_denominator((counts > 0).sum(), gc.turns if gc else None))
+        self.rows = float(_denominator((units.mask.sum(dim=1) > 0).sum(), gc.rows if gc else None))
+
+
 def loss_from_units(units: LossUnits, settings: LossSettings, apply_clip_bias: bool,
                     global_counts: Optional[GlobalCounts] = None) -> tuple[torch.Tensor, Dict[str, float]]:
-    """The PPO loss ``sum_i s_i sum_u n_u l_u`` and its metrics, from any base loss's units."""
+    """The PPO loss ``sum_i s_i sum_u n_u l_u`` and its metrics, from any base loss's units.
+
+    Every metric is a mean over tokens, turns or rows; with ``global_counts`` its denominator is the
+    mini-batch's count, so it is this micro-batch's share and the shares add up over a mini-batch's
+    micro-batches to the mini-batch's value, whatever the micro-batch size (verl sums them as it sums
+    ``pg_loss``; the local engine likewise)."""
     terms = units.terms
     per_unit, clipped, dual = ppo_objective(terms, settings.clip_low, settings.clip_high, settings.clip_c)
     row_loss = (terms.weight * per_unit).sum(dim=1)  # [B]: L_i
+    den = _Denominators(units, global_counts)
+    on = units.mask.bool()
+    rows = units.mask.sum(dim=1) > 0
     metrics: Dict[str, float] = {}
     if apply_clip_bias:
-        scale, r = clip_bias_scale(units, clipped | dual, settings, global_counts)
-        rows = units.mask.sum(dim=1) > 0
-        metrics["actor/clip_bias_ratio"] = float(r[rows].mean()) if rows.any() else 0.0
-        metrics["actor/clip_bias_scale"] = float(scale[rows].mean()) if rows.any() else 1.0
+        scale, r = clip_bias_scale(units, clipped, dual, settings, global_counts)
+        metrics["actor/clip_bias_ratio"] = float(r[rows].double().sum()) / den.rows
+        metrics["actor/clip_bias_scale"] = float(scale[rows].double().sum()) / den.rows
         row_loss = row_loss * scale
     loss = row_loss.sum()
-    with torch.no_grad():
-        on = units.mask.bool()
-        tok_clipped = units.on_tokens(clipped.to(units.mask.dtype))
-        metrics["actor/clip_frac_token"] = float(tok_clipped[on].mean()) if on.any() else 0.0
-        metrics["actor/clip_frac_turn"] = _turn_share(tok_clipped, units)
-        metrics["actor/dual_clip_frac"] = float(units.on_tokens(dual.to(units.mask.dtype))[on].mean()) \
-            if on.any() else 0.0
-        metrics["actor/pg_loss"] = float(loss.detach())
-        metrics.update(_ratio_metrics(units.token_log_ratio, units.mask))
-        metrics.update(_token_trust_metrics(units, settings, tok_clipped + units.on_tokens(dual.to(units.mask.dtype))))
+    with torch.no_grad():  # float64 sums: the shares add up to the mini-batch's value to float64 rounding
+        f = torch.float64
+        tok_clipped = units.on_tokens(clipped.to(f))
+        tok_dual = units.on_tokens(dual.to(f))
+        mask = units.mask.to(f)
+        gated = units.token_gated.to(f) if units.token_gated is not None else torch.zeros_like(mask)
+        live = (1 - tok_clipped) * (1 - tok_dual) * (1 - gated) * mask
+        metrics["actor/clip_frac_token"] = float(tok_clipped[on].sum()) / den.tokens
+        metrics["actor/clip_frac_turn"] = _turn_share_sum(tok_clipped, units) / den.turns
+        metrics["actor/dual_clip_frac"] = float(tok_dual[on].sum()) / den.tokens
+        metrics["actor/token_band_frac"] = float(gated[on].sum()) / den.tokens
+        metrics["actor/live_frac"] = float(live.sum()) / den.tokens
+        metrics["actor/pg_loss"] = float(row_loss.detach().double().sum())
+        metrics.update(_ratio_metrics(units.token_log_ratio, mask, den.tokens))
+        no_grad = ((tok_clipped + tok_dual + gated) > 0).to(f)
+        metrics.update(_token_trust_metrics(units, settings, no_grad, den.tokens))
     return loss, metrics
 
 
-def _token_trust_metrics(units: LossUnits, settings: LossSettings, tok_no_grad: torch.Tensor) -> Dict[str, float]:
+def _token_trust_metrics(units: LossUnits, settings: LossSettings, tok_no_grad: torch.Tensor,
+                         n_tokens: float) -> Dict[str, float]:
     """How far a loss's units let single tokens leave token PPO's trust region.
 
     ``actor/token_outside_frac``: share of response tokens whose *own* ratio lies where token PPO would
     clip them (A_t > 0 and exp(d_t) > 1+high, or A_t < 0 and exp(d_t) < 1-low). ``actor/token_outside_kept_frac``:
     share of response tokens that are outside so and still get gradient, because the unit they belong to
-    (their turn, under a turn ratio) is not clipped. Token PPO keeps none; a turn ratio can keep many.
+    (their turn, under a turn ratio) is not clipped and ``token_band`` is off. Token PPO keeps none; a turn
+    ratio can keep many. Sums over this batch's tokens divided by ``n_tokens``.
     """
     on = units.mask.bool()
-    if not on.any():
-        return {"actor/token_outside_frac": 0.0, "actor/token_outside_kept_frac": 0.0}
     d, A = units.token_log_ratio.detach(), units.token_advantages
     outside = clip_region(d, A, settings.clip_low, settings.clip_high) & on
     kept = outside & (tok_no_grad == 0)
-    return {"actor/token_outside_frac": float(outside[on].float().mean()),
-            "actor/token_outside_kept_frac": float(kept[on].float().mean())}
+    return {"actor/token_outside_frac": float(outside.sum()) / n_tokens,
+            "actor/token_outside_kept_frac": float(kept.sum()) / n_tokens}
 
 
-def _turn_share(tok_flag: torch.Tensor, units: LossUnits) -> float:
-    """Mean over turns of the share of the turn's tokens flagged (0/1 for turn units)."""
-    counts = turn_token_counts(units.turn_ids, units.H).to(units.mask.dtype)
+def _turn_share_sum(tok_flag: torch.Tensor, units: LossUnits) -> float:
+    """Sum over turns of the share of the turn's tokens flagged (0/1 for turn units)."""
+    counts = turn_token_counts(units.turn_ids, units.H).to(tok_flag.dtype)
     present = counts > 0
-    if not present.any():
-        return 0.0
-    share = turn_sums(tok_flag * units.mask, units.turn_ids, units.H) / counts.clamp(min=1)
-    return float(share[present].mean())
+    share = turn_sums(tok_flag * units.mask.to(tok_flag.dtype), units.turn_ids, units.H) / counts.clamp(min=1)
+    return float(share[present].sum())
 
 
-def _ratio_metrics(log_ratio: torch.Tensor, mask: torch.Tensor) -> Dict[str, float]:
-    """``actor/approx_kl``: mean over response tokens of the k3 estimate of KL(old || new)."""
-    d = log_ratio.detach().clamp(-20, 20)
+def _ratio_metrics(log_ratio: torch.Tensor, mask: torch.Tensor, n_tokens: float) -> Dict[str, float]:
+    """``actor/approx_kl``: the k3 estimate of KL(old || new) per response token; ``actor/ratio_mean``.
+    Sums over this batch's tokens divided by ``n_tokens``."""
+    d = log_ratio.detach().double().clamp(-20, 20)
     k3 = torch.exp(d) - 1 - d  # E_old[r - 1 - log r] with r = new/old
-    n = mask.sum().clamp(min=1)
-    return {"actor/approx_kl": float((k3 * mask).sum() / n),
-            "actor/ratio_mean": float((torch.exp(d) * mask).sum() / n)}
+    return {"actor/approx_kl": float((k3 * mask).sum()) / n_tokens,
+            "actor/ratio_mean": float((torch.exp(d) * mask).sum()) / n_tokens}
 
 
 # --------------------------------------------------------------------------------------------
@@ -381,60 +459,114 @@ def _turn_log_ratio(log_ratio: torch.Tensor, turn_ids: torch.Tensor, H: int, mod
     return s
 
 
+def token_band_gate(log_ratio: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+                    settings: LossSettings) -> tuple[torch.Tensor, torch.Tensor]:
+    """``token_band``: the token log-ratios a turn ratio is built from, with the tokens outside token PPO's band on
+    their advantage's side (A > 0 and d_t > log(1+high), or A < 0 and d_t < log(1-low)) detached: their value
+    still counts in the turn ratio, their gradient does not. Off: ``log_ratio`` as it is.
+
+    Args:
+        log_ratio, advantages, mask: ``[B, T]`` (advantages: the token's own, or its turn's).
+    Returns:
+        gated log-ratio ``[B, T]``, gated ``[B, T]`` bool (None when off).
+    """
+    if not settings.token_band:
+        return log_ratio, None
+    gated = clip_region(log_ratio.detach(), advantages, settings.clip_low, settings.clip_high) & mask.bool()
+    return torch.where(gated, log_ratio.detach(), log_ratio), gated
+
+
+def turn_band_bounds(counts: torch.Tensor, mode: str, settings: LossSettings):
+    """``turn_band=sqrt_len``: per-turn bounds ``[B, H]`` on the turn log-ratio, ``sqrt(n_h) x [log(1-low),
+    log(1+high)]`` on the turn's summed log-ratio (``sum``), i.e. that divided by n_h on its mean (``geo_mean``).
+    A turn whose tokens each move by noise of one token's band stays inside at any length; a steady drift of
+    delta per token leaves it once delta > band / sqrt(n_h). ``fixed``: None (the same band for every turn)."""
+    if settings.turn_band == "fixed":
+        return None, None
+    n = counts.clamp(min=1).to(torch.float64)
+    f = n.sqrt() if mode == "sum" else 1.0 / n.sqrt()
+    dtype = counts.dtype if counts.is_floating_point() else torch.float32
+    return ((f * math.log1p(-settings.clip_low)).to(dtype), (f * math.log1p(settings.clip_high)).to(dtype))
+
+
 def token_units(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, settings: LossSettings,
                 rollout_is_weights=None, turn_ids=None, global_counts: Optional[GlobalCounts] = None,
                 turn_ratio: bool = False) -> LossUnits:
     """Token units: each response token t with its own advantage A_t and ratio exp(d_t), or its
-    turn's ratio (``turn_ratio``, ``ratio_mode`` default ``geo_mean``); weights ``token-mean`` (default)
-    or ``seq-mean-token-mean``."""
+    turn's ratio (``turn_ratio``, ``ratio_mode`` default ``geo_mean``; ``token_band`` and ``turn_band`` apply);
+    weights ``token-mean`` (default), ``seq-mean-token-mean``, ``seq-mean-token-sum`` or
+    ``seq-mean-token-sum-norm``."""
     mask, turn_ids, H, log_ratio, adv = _prepare(old_log_prob, log_prob, advantages, response_mask, turn_ids)
+    gated, log_low, log_high = None, None, None
     if turn_ratio:
-        unit_lr = scatter_turns(_turn_log_ratio(log_ratio, turn_ids, H, settings.ratio_mode or "geo_mean"),
-                                turn_ids)
+        mode = settings.ratio_mode or "geo_mean"
+        lr_in, gated = token_band_gate(log_ratio, adv, mask, settings)
+        unit_lr = scatter_turns(_turn_log_ratio(lr_in, turn_ids, H, mode), turn_ids)
+        lo, hi = turn_band_bounds(turn_token_counts(turn_ids, H).to(log_prob.dtype), mode, settings)
+        if lo is not None:
+            log_low, log_high = scatter_turns(lo, turn_ids), scatter_turns(hi, turn_ids)
     else:
         unit_lr = log_ratio
-    ratio = torch.exp(unit_lr.clamp(max=settings.log_ratio_cap)) * mask
+    ratio = capped_exp(unit_lr, settings, log_high) * mask
     agg = loss_agg_mode or settings.loss_agg_mode or "token-mean"
     gc = global_counts
+    rows = (mask.sum(dim=1, keepdim=True) > 0).to(mask.dtype)
+    row_den = _denominator(rows.sum(), gc.rows if gc else None)
     if agg == "token-mean":
         weight = mask / _denominator(mask.sum(), gc.tokens if gc else None)
     elif agg == "seq-mean-token-mean":
-        rows = (mask.sum(dim=1, keepdim=True) > 0).to(mask.dtype)
-        weight = mask / mask.sum(dim=1, keepdim=True).clamp(min=1) / _denominator(rows.sum(), gc.rows if gc else None)
+        weight = mask / mask.sum(dim=1, keepdim=True).clamp(min=1) / row_den
+    elif agg == "seq-mean-token-sum":
+        weight = mask / row_den
+    elif agg == "seq-mean-token-sum-norm":
+        if settings.loss_scale_factor is None:
+            raise ValueError("loss_agg_mode seq-mean-token-sum-norm needs loss_scale_factor (a constant: the most "
+                             "response tokens a row can have), so the loss is the same for any micro-batch")
+        weight = mask / row_den / settings.loss_scale_factor
     else:
-        raise ValueError(f"loss_agg_mode {agg!r} is not valid for a token-unit loss (token-mean, seq-mean-token-mean)")
+        raise ValueError(f"loss_agg_mode {agg!r} is not valid for a token-unit loss {TOKEN_AGG_MODES}")
     if rollout_is_weights is not None:
         weight = weight * rollout_is_weights.detach()
     T = mask.shape[1]
     unit_ids = torch.where(mask.bool(), torch.arange(T, device=mask.device).expand_as(turn_ids),
                            torch.full_like(turn_ids, -1))
-    terms = PPOTerms(ratio=ratio, advantages=adv, weight=weight, log_ratio=unit_lr.detach())
-    return LossUnits(terms, unit_ids, log_ratio, adv, mask, turn_ids, H)
+    terms = PPOTerms(ratio=ratio, advantages=adv, weight=weight, log_ratio=unit_lr.detach(),
+                     log_low=log_low, log_high=log_high)
+    return LossUnits(terms, unit_ids, log_ratio, adv, mask, turn_ids, H, gated)
 
 
 def turn_units(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, settings: LossSettings,
                rollout_is_weights=None, turn_ids=None, global_counts: Optional[GlobalCounts] = None,
                ratio_mode: str = "sum") -> LossUnits:
     """Turn units: one ratio rho_h and one advantage A_h (the mean of ``advantages`` over the turn's
-    tokens) per turn; weights ``turn-mean`` (default) or ``token-mean`` (turns weighted by length)."""
+    tokens) per turn (``token_band`` and ``turn_band`` apply); weights ``turn-mean`` (default), ``token-mean``
+    (turns weighted by length) or ``seq-mean-turn-sum-token-norm`` (a row's turns summed, divided by its
+    response tokens; mean over rows)."""
     mask, turn_ids, H, log_ratio, adv = _prepare(old_log_prob, log_prob, advantages, response_mask, turn_ids)
     counts = turn_token_counts(turn_ids, H).to(log_prob.dtype)  # [B, H]
     tmask = (counts > 0).to(log_prob.dtype)
-    unit_lr = _turn_log_ratio(log_ratio, turn_ids, H, ratio_mode)
-    ratio = torch.exp(unit_lr.clamp(max=settings.log_ratio_cap)) * tmask
     turn_adv = turn_sums(adv, turn_ids, H) / counts.clamp(min=1)
+    lr_in, gated = token_band_gate(log_ratio, scatter_turns(turn_adv, turn_ids), mask, settings)
+    unit_lr = _turn_log_ratio(lr_in, turn_ids, H, ratio_mode)
+    log_low, log_high = turn_band_bounds(counts, ratio_mode, settings)
+    ratio = capped_exp(unit_lr, settings, log_high) * tmask
     agg = loss_agg_mode or settings.loss_agg_mode or "turn-mean"
     gc = global_counts
     if agg == "turn-mean":
         weight = tmask / _denominator(tmask.sum(), gc.turns if gc else None)
     elif agg == "token-mean":
         weight = counts / _denominator(counts.sum(), gc.tokens if gc else None)
+    elif agg == "seq-mean-turn-sum-token-norm":
+        row_tokens = counts.sum(dim=1, keepdim=True)
+        rows = (row_tokens > 0).to(counts.dtype)
+        weight = tmask / row_tokens.clamp(min=1) / _denominator(rows.sum(), gc.rows if gc else None)
     else:
-        raise ValueError(f"loss_agg_mode {agg!r} is not valid for a turn-unit loss (turn-mean, token-mean)")
+        raise ValueError(f"loss_agg_mode {agg!r} is not valid for a turn-unit loss {TURN_AGG_MODES}")
     if rollout_is_weights is not None:
         weight = weight * (turn_sums(rollout_is_weights.detach() * mask, turn_ids, H) / counts.clamp(min=1))
-    terms = PPOTerms(ratio=ratio, advantages=turn_adv, weight=weight, log_ratio=unit_lr.detach())
-    return LossUnits(terms, turn_ids, log_ratio, adv, mask, turn_ids, H)
+    terms = PPOTerms(ratio=ratio, advantages=turn_adv, weight=weight, log_ratio=unit_lr.detach(),
+                     log_low=log_low, log_high=log_high)
+    return LossUnits(terms, turn_ids, log_ratio, adv, mask, turn_ids, H, gated)
 
 
 # --------------------------------------------------------------------------------------------
@@ -536,7 +668,7 @@ def minibatch_clip_stats(name: str, old_log_prob, log_prob, advantages, response
     units = get_policy_loss_fn(name).build_units(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode,
                                                  settings, rollout_is_weights, turn_ids, global_counts)
     _, clipped, dual = ppo_objective(units.terms, settings.clip_low, settings.clip_high, settings.clip_c)
-    return clip_bias_sums(units, clipped | dual, settings).sum(dim=0)
+    return clip_bias_sums(units, clipped, dual, settings).sum(dim=0)
 
 
 # --------------------------------------------------------------------------------------------
@@ -561,7 +693,7 @@ def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Te
         v_clip = old_values + (values - old_values).clamp(-clip_range, clip_range)
         err_clip = (v_clip - returns) ** 2
         per = torch.maximum(err, err_clip)
-        clipfrac = ((err_clip > err).float() * m).sum() / m.sum().clamp(min=1)
+        clipfrac = ((err_clip > err).float() * m).sum() / _denominator(m.sum(), normaliser)
     else:
         per, clipfrac = err, torch.zeros(())
     loss = 0.5 * (per * m).sum() / _denominator(m.sum(), normaliser)

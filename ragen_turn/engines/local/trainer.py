@@ -29,7 +29,6 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from ragen_turn.algos import (
-    SUMMED_METRICS,
     GlobalCounts,
     explained_variance,
     get_policy_loss_fn,
@@ -161,6 +160,7 @@ class StarPOTrainer:
         self.loss_fn = get_policy_loss_fn(a.policy_loss.loss_mode)
         self.loss_cfg = policy_loss_config(cfg)
         self.step = 0
+        self.update_trace: Dict[str, List[Dict[str, float]]] = {}  # each update's mini-batch metrics, in order
         self.nonfinite_in_a_row = 0
         self.unconfirmed: Optional[Path] = None  # the last checkpoint, until the step after it updates soundly
         self.metrics_path = self.out_dir / "metrics.jsonl"
@@ -258,51 +258,71 @@ class StarPOTrainer:
             g["lr"] = g["initial_lr"] * f
         return optim.param_groups[0]["lr"]
 
-    def _optimizer_step(self, model, optim, grad_clip: float) -> Optional[float]:
-        """Clip and step; returns the grad norm, or None (and skips the step) if it is not finite."""
+    def _optimizer_step(self, model, optim, grad_clip: float, step_scale: float = 1.0) -> Optional[float]:
+        """Clip and step (the step's lr times ``step_scale``); returns the grad norm before clipping, or None (and
+        skips the step) if it is not finite."""
         gn = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip if grad_clip > 0 else float("inf"))
         if not torch.isfinite(gn):
             optim.zero_grad(set_to_none=True)
             return None
+        lrs = [g["lr"] for g in optim.param_groups]
+        for g in optim.param_groups:
+            g["lr"] *= step_scale
         optim.step()
+        for g, lr in zip(optim.param_groups, lrs):
+            g["lr"] = lr
         optim.zero_grad(set_to_none=True)
         return float(gn)
 
     def _run_updates(self, batch: Trajectory, model, optim, loss_of, epochs: int, grad_clip: float, prefix: str,
-                     stats_of=None, kl_limit: Optional[float] = None):
+                     stats_of=None, target_kl: Optional[float] = None, step_scale: str = "none"):
         """PPO epochs x mini-batches, each accumulated over its micro-batches (:meth:`_accumulate`), then clipped
-        and stepped. Returns the mean over mini-batches of each mini-batch's metrics.
+        and stepped. Returns the mean over mini-batches of each mini-batch's metrics, and the count of skipped
+        (non-finite) mini-batches; ``self.update_trace[prefix]`` keeps each mini-batch's own metrics in order.
 
-        ``kl_limit`` (the actor's ``max_update_kl``; SB3's ``target_kl``): a mini-batch whose approx KL to the
-        rollout policy, measured before its step, is above it (or not finite) is not stepped, and the update's
-        remaining mini-batches and epochs are dropped (``<prefix>/kl_stop`` = 1)."""
+        ``target_kl`` (CleanRL's / SB3's; the actor's ``target_kl`` or ``max_update_kl``): a mini-batch whose
+        approx KL to the rollout policy, measured before its step, is above it (or not finite) is not stepped,
+        and the update's remaining mini-batches and epochs are dropped (``<prefix>/kl_stop`` = 1).
+        ``step_scale=live``: each mini-batch's step is its lr times the share of its response tokens that still
+        get gradient (``actor/live_frac``): clipping then shrinks the step, where Adam alone would renormalise
+        the few live units' gradient into a full-size step (``<prefix>/step_scale``)."""
         model.train()
         acc: Dict[str, List[float]] = {}
+        trace: List[Dict[str, float]] = []
+        self.update_trace[prefix] = trace
         skipped = 0
         stopped = False
         for epoch in range(epochs):
             for mini in self._minibatches(batch.batch_size, epoch):
                 optim.zero_grad(set_to_none=True)
                 metrics = self._accumulate(batch.select(mini), loss_of, stats_of)
-                if metrics is not None and kl_limit is not None and \
-                        not metrics.get("actor/approx_kl", 0.0) <= kl_limit:
+                if metrics is not None and target_kl is not None and \
+                        not metrics.get("actor/approx_kl", 0.0) <= target_kl:
                     optim.zero_grad(set_to_none=True)
+                    trace.append(dict(metrics, **{f"{prefix}/stepped": 0.0}))
                     stopped = True
                     break
-                gn = self._optimizer_step(model, optim, grad_clip) if metrics is not None else None
+                scale = 1.0
+                if metrics is not None and step_scale == "live":
+                    scale = float(metrics.get("actor/live_frac", 1.0))
+                gn = self._optimizer_step(model, optim, grad_clip, scale) if metrics is not None else None
                 if gn is None:
                     optim.zero_grad(set_to_none=True)
                     skipped += 1
                     continue
+                metrics = dict(metrics, **{f"{prefix}/grad_norm": gn})
+                if step_scale != "none":
+                    metrics[f"{prefix}/step_scale"] = scale
+                trace.append(dict(metrics, **{f"{prefix}/stepped": 1.0}))
                 for k, v in metrics.items():
                     acc.setdefault(k, []).append(v)
-                acc.setdefault(f"{prefix}/grad_norm", []).append(gn)
             if stopped:
                 break
         out = {k: float(np.nanmean(v)) for k, v in acc.items()}
         out[f"{prefix}/skipped_updates"] = float(skipped)
-        if kl_limit is not None:
+        if target_kl is not None:
             out[f"{prefix}/kl_stop"] = float(stopped)
+            out[f"{prefix}/minibatches_stepped"] = float(sum(t[f"{prefix}/stepped"] for t in trace))
         return out, skipped
 
     @torch.no_grad()
@@ -326,8 +346,9 @@ class StarPOTrainer:
         Each micro-batch is moved to the trainer's device here, once: the loss hooks (``loss_of``, ``stats_of``:
         :meth:`actor_loss`, :meth:`critic_step_loss`, :meth:`joint_loss`, :meth:`clip_stats`) take it there.
 
-        Returns the mini-batch's metrics (``SUMMED_METRICS`` added up over its micro-batches, the others their
-        mean), or None when a loss is not finite.
+        Returns the mini-batch's metrics, or None when a loss is not finite. Every metric a loss hook returns is
+        its micro-batch's share of the mini-batch's value (``ragen_turn.algos.losses``: sums over the micro-batch
+        divided by the mini-batch's counts), so they are added up: the same statistics for any micro-batch size.
         """
         counts = GlobalCounts.of(mini.response_mask, mini.turn_ids)
         micros = [mini.select(idx).to(self.device) for idx in mini.micro_batches(self.cfg.micro_batch_size_per_gpu)]
@@ -342,7 +363,7 @@ class StarPOTrainer:
             loss.backward()
             for k, v in metrics.items():
                 acc.setdefault(k, []).append(v)
-        return {k: float(np.sum(v)) if k in SUMMED_METRICS else float(np.nanmean(v)) for k, v in acc.items()}
+        return {k: float(np.sum(v)) for k, v in acc.items()}
 
     def _fresh_logprobs(self, mb: Trajectory, **kw):
         return self.logprobs(self.actor, mb.input_ids, mb.attention_mask, mb.position_ids, mb.response_mask, **kw)
@@ -392,12 +413,15 @@ class StarPOTrainer:
         return self.critic_loss(mb, values.float(), counts)
 
     def update(self, batch: Trajectory) -> Dict[str, float]:
-        """Critic, then actor. With ``actor.max_update_kl`` the actor's update is guarded: mini-batches stop once
-        the KL reaches it (:meth:`_run_updates`), and an update whose KL over the batch (:meth:`update_kl`) is
-        still above it is rolled back (weights and optimizer state; ``actor/update_rolled_back`` = 1).
-        A step with a skipped (non-finite) or rolled-back update counts toward ``trainer.max_nonfinite_steps``."""
+        """Critic, then actor. The actor's update stops early at ``actor.target_kl`` (a mini-batch whose approx KL
+        is above it is not stepped, and the rest of the update is dropped; :meth:`_run_updates`). With
+        ``actor.max_update_kl`` it is also guarded: it stops early at that KL too, and an update whose KL over the
+        batch (:meth:`update_kl`) is still above it is rolled back (weights and optimizer state;
+        ``actor/update_rolled_back`` = 1). A step with a skipped (non-finite) or rolled-back update counts toward
+        ``trainer.max_nonfinite_steps``."""
         metrics: Dict[str, float] = {}
         skipped = 0
+        self.update_trace = {}
         if self.critic is not None and not self.shared_critic:
             metrics["critic/lr"] = self._set_lr(self.critic_optim, self.cfg.critic.optim, self.step)
             m, s = self._run_updates(batch, self.critic, self.critic_optim, self.critic_step_loss,
@@ -417,20 +441,23 @@ class StarPOTrainer:
         a = self.cfg.actor_rollout_ref.actor
         stats_of = self.clip_stats if needs_minibatch_stats(a.policy_loss.loss_mode, self.loss_cfg) else None
         limit = a.get("max_update_kl")
+        stops = [x for x in (a.get("target_kl"), limit) if x is not None]
         before = None
         if limit is not None:  # what a rollback restores (a copy of the weights and the optimizer's moments)
             before = ({k: v.detach().clone() for k, v in model.state_dict().items()},
                       copy.deepcopy(self.actor_optim.state_dict()))
         m, s = self._run_updates(batch, model, self.actor_optim, loss_of, a.ppo_epochs, a.grad_clip, "actor",
-                                 stats_of, kl_limit=limit)
+                                 stats_of, target_kl=min(stops) if stops else None,
+                                 step_scale=a.get("step_scale", "none"))
         metrics.update(m)
         skipped += s
+        if m.get("actor/kl_stop"):
+            self.log(f"[kl] step {self.step + 1}: a mini-batch's approx KL passed {min(stops)} (actor_rollout_ref."
+                     f"actor.target_kl / max_update_kl): {int(m['actor/minibatches_stepped'])} mini-batch(es) "
+                     f"stepped, the rest of the update skipped")
         rolled_back = False
         if limit is not None:
             kl = metrics["actor/update_kl"] = self.update_kl(batch)
-            if m.get("actor/kl_stop"):
-                self.log(f"[guard] step {self.step + 1}: a mini-batch's approx KL reached actor_rollout_ref.actor."
-                         f"max_update_kl={limit}: the update's remaining mini-batches were dropped")
             if not kl <= limit:
                 model.load_state_dict(before[0])
                 self.actor_optim.load_state_dict(before[1])

@@ -17,7 +17,7 @@ from typing import Any, Dict, Optional
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from ragen_turn.config import kept_batch_size, validate_config
+from ragen_turn.config import kept_batch_size, policy_loss_config, validate_config
 
 # every Ray worker imports these at `import verl` (VERL_USE_EXTERNAL_MODULES); the CPU platform first, so it
 # exists before anything asks verl for one
@@ -276,6 +276,9 @@ def to_verl_config(cfg: DictConfig, model_path: Optional[str] = None) -> DictCon
                     "clip_bias_stat": str(a.policy_loss.get("clip_bias_stat", "mass")),
                     "clip_bias_threshold": a.policy_loss.get("clip_bias_threshold"),
                     "loss_agg_mode": a.policy_loss.get("loss_agg_mode"),
+                    "turn_band": str(a.policy_loss.get("turn_band", "fixed")),
+                    "token_band": bool(a.policy_loss.get("token_band", False)),
+                    "loss_scale_factor": policy_loss_config(cfg)["loss_scale_factor"],
                 },
                 "fsdp_config": fsdp,
             },

@@ -9,19 +9,35 @@ the mini-batch: the trainer computes it per row (:func:`minibatch_turn_counts`) 
 from __future__ import annotations
 
 import torch
+from verl.utils.metric import Metric
 from verl.workers.utils.losses import ppo_loss
+
+# the statistics our policy losses return (ragen_turn.algos.losses.loss_from_units), each a micro-batch's share
+LOSS_STATISTICS = ("actor/clip_frac_token", "actor/clip_frac_turn", "actor/dual_clip_frac", "actor/token_band_frac",
+                   "actor/live_frac", "actor/approx_kl", "actor/ratio_mean", "actor/token_outside_frac",
+                   "actor/token_outside_kept_frac", "actor/clip_bias_ratio", "actor/clip_bias_scale")
 
 TURNS_FIELD = "ragen_minibatch_turns"
 
 
 def ppo_loss_with_turn_counts(config, model_output, data, dp_group=None):
+    """verl's ``ppo_loss`` with the mini-batch's turn count handed to our loss, and our loss's statistics
+    aggregated as verl aggregates ``actor/pg_loss``: each is a micro-batch's share of the mini-batch's value
+    (``ragen_turn.algos.losses``), so they are summed over a mini-batch's micro-batches (verl would average
+    them), then averaged over mini-batches: the same numbers as the local engine for any micro-batch size."""
     counts = data.get(TURNS_FIELD, None) if hasattr(data, "get") else None
     if counts is not None:
         values = counts.values() if getattr(counts, "is_nested", False) else counts
         config.global_batch_info["batch_num_turns"] = float(values.reshape(-1)[0])
     else:
         config.global_batch_info.pop("batch_num_turns", None)
-    return ppo_loss(config, model_output, data, dp_group)
+    loss, metrics = ppo_loss(config, model_output, data, dp_group)
+    pg = metrics.get("actor/pg_loss")
+    if isinstance(pg, Metric):
+        for key, val in list(metrics.items()):
+            if key in LOSS_STATISTICS and isinstance(val, Metric) and val.aggregation != pg.aggregation:
+                metrics[key] = Metric(aggregation=pg.aggregation, value=list(val.values))
+    return loss, metrics
 
 
 def minibatch_turn_counts(turns_per_row: torch.Tensor, mini_batch_size: int, dp_size: int) -> torch.Tensor:

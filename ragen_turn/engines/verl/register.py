@@ -9,7 +9,7 @@ engine sets ``VERL_USE_EXTERNAL_MODULES`` (read by ``import verl``) and
 The maths is ``ragen_turn.algos``; an adapter only
 - reads our knobs from verl's ``ActorConfig`` (``clip_ratio_low/high``, ``clip_ratio_c`` and
   ``policy_loss.{ratio_mode, clip_bias, clip_bias_level, clip_bias_stat, clip_bias_threshold,
-  loss_agg_mode}``, see :class:`RagenPolicyLossConfig`),
+  loss_agg_mode, turn_band, token_band, loss_scale_factor}``, see :class:`RagenPolicyLossConfig`),
 - takes the turns from the runs of 1s in ``response_mask`` (all a registered loss sees), and
 - hands verl's global mini-batch counts to the loss as :class:`ragen_turn.algos.GlobalCounts`: verl
   back-propagates each micro-batch loss as is, so a loss must be ``sum over its units / (units in the
@@ -32,7 +32,8 @@ from ragen_turn.algos.losses import cfg_get
 POLICY_LOSSES = ("token_ppo", "turn_ppo", "turn_ppo_geo", "turn_is", "s_ppo", "st_ppo")
 TURN_UNIT_LOSSES = ("turn_ppo", "turn_ppo_geo")
 ADV_ESTIMATORS = ("turn_gae",)
-_KNOBS = ("ratio_mode", "clip_bias", "clip_bias_level", "clip_bias_stat", "clip_bias_threshold", "loss_agg_mode")
+_KNOBS = ("ratio_mode", "clip_bias", "clip_bias_level", "clip_bias_stat", "clip_bias_threshold", "loss_agg_mode",
+          "turn_band", "token_band", "loss_scale_factor")
 
 @dataclass
 class RagenPolicyLossConfig(PolicyLossConfig):
@@ -49,6 +50,9 @@ class RagenPolicyLossConfig(PolicyLossConfig):
     clip_bias_stat: str = "mass"
     clip_bias_threshold: Optional[float] = None
     loss_agg_mode: Optional[str] = None
+    turn_band: str = "fixed"
+    token_band: bool = False
+    loss_scale_factor: Optional[float] = None
 
 
 def core_config(config: Any) -> Dict[str, Any]:
