@@ -218,7 +218,7 @@ def compute_turn_gae(turn_rewards: torch.Tensor, turn_values: torch.Tensor, turn
 @torch.no_grad()
 def compute_bi_level_gae(turn_rewards: torch.Tensor, values: torch.Tensor, response_mask: torch.Tensor,
                          gamma: float, lam: float, high_level_gamma: float,
-                         turn_ends: str = "mask") -> tuple[torch.Tensor, torch.Tensor]:
+                         turn_ends: str = "rewards") -> tuple[torch.Tensor, torch.Tensor]:
     """RAGEN's two-level GAE: turn-level GAE between turns, token-level GAE inside each turn.
 
     High level: values are read at the *last* token of each turn, GAE across turns with
@@ -344,7 +344,7 @@ def bi_level_gae_advantage(*, turn_rewards: torch.Tensor, turn_mask: torch.Tenso
     adv, ret = compute_bi_level_gae(turn_rewards, values, response_mask, float(cfg_get(config, "gamma", 1.0)),
                                     float(cfg_get(config, "lam", 1.0)),
                                     float(cfg_get(config, "high_level_gamma", 0.95)),
-                                    turn_ends=str(cfg_get(config, "bi_level_gae_turn_ends", "mask")))
+                                    turn_ends=str(cfg_get(config, "bi_level_gae_turn_ends", "rewards")))
     return (masked_whiten(adv, response_mask) if cfg_get(config, "norm_adv", True) else adv), ret
 
 

@@ -1,0 +1,198 @@
+"""One update, then a fresh rollout: how far one actor update moves each variant's policy, on one batch.
+
+From one warm start and one seed, the local engine rolls out one batch, then for each variant (a label and config
+overrides, e.g. another algo or trust-region setting) builds a fresh trainer from the same weights, scores that same
+batch, computes the advantages (its own, or one variant's shared with all: ``--shared-adv``), applies one update
+(critic, then actor) and rolls out again with the same env and sampling seeds. It prints, per variant:
+
+- per actor mini-batch: approx KL before its step, turns and tokens clipped, the share of tokens still getting
+  gradient (``live``), dual-clipped tokens, grad norm before clipping, the step's scale, whether it was stepped;
+- after the update: approx KL over the batch (k3 per response token), and the fresh rollout's format errors,
+  sampled tokens per turn and success; with ``--dev N``, success on N dev rooms (``es_manager.val.seeds=dev``).
+
+Settings are chosen on the dev seeds (``es_manager.val.seeds=dev``, the default here); held-out seeds are for
+reporting. Deterministic for a seed on one CPU type.
+
+    python benchmarks/one_update.py                       # the long_turns study's variants, seed 1
+    python benchmarks/one_update.py --variant 'tp: algo=turn_ppo' --variant 'tp_kl: algo=turn_ppo \
+        actor_rollout_ref.actor.target_kl=0.02' -- seed=0     # your own variants; overrides after -- go to all
+    python benchmarks/one_update.py --shared-adv token_ppo    # every variant trains on token_ppo's advantages
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import shlex
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+# the long_turns setting from its committed warm start (docs/results/long_turns/warmstart), dev seeds
+BASE = ["env=sokoban", "+setting=long_turns", "model.pinned_cache=docs/results/long_turns",
+        "model.warmstart.seed=0", "es_manager.val.seeds=dev", "seed=1"]
+
+GSPO = "actor_rollout_ref.actor.clip_ratio_low=0.0003 actor_rollout_ref.actor.clip_ratio_high=0.0004"
+PL = "actor_rollout_ref.actor.policy_loss"
+A = "actor_rollout_ref.actor"
+# label: overrides. The papers' settings first, then each trust-region option alone and together.
+DEFAULT_VARIANTS = {
+    "token_ppo": "algo=token_ppo",
+    "turn_ppo": "algo=turn_ppo",
+    "turn_ppo_geo": "algo=turn_ppo_geo",
+    "st_ppo": "algo=st_ppo",
+    "so_grpo": "algo=so_grpo",
+    "turn_ppo+token_band": f"algo=turn_ppo {PL}.token_band=true",
+    "turn_ppo+sqrt_len": f"algo=turn_ppo {PL}.turn_band=sqrt_len",
+    "turn_ppo+live_step": f"algo=turn_ppo {A}.step_scale=live",
+    "turn_ppo+target_kl": f"algo=turn_ppo {A}.target_kl=0.02",
+    "turn_ppo+paper_agg": f"algo=turn_ppo {PL}.loss_agg_mode=seq-mean-turn-sum-token-norm",
+    "turn_ppo+token_band+live_step": f"algo=turn_ppo {PL}.token_band=true {A}.step_scale=live",
+    "turn_ppo+token_band+sqrt_len": f"algo=turn_ppo {PL}.token_band=true {PL}.turn_band=sqrt_len",
+    "turn_ppo+token_band+paper_agg": f"algo=turn_ppo {PL}.token_band=true {PL}.loss_agg_mode=seq-mean-turn-sum-token-norm",
+    "turn_ppo_geo+token_band": f"algo=turn_ppo_geo {PL}.token_band=true",
+    "turn_ppo_geo+gspo": f"algo=turn_ppo_geo {GSPO}",
+    "st_ppo+token_band": f"algo=st_ppo {PL}.token_band=true",
+    "so_grpo+token_band": f"algo=so_grpo {PL}.token_band=true",
+}
+
+TRACE_KEYS = [("kl", "actor/approx_kl"), ("turns_clip", "actor/clip_frac_turn"), ("tok_clip", "actor/clip_frac_token"),
+              ("live", "actor/live_frac"), ("dual", "actor/dual_clip_frac"), ("gnorm", "actor/grad_norm"),
+              ("scale", "actor/step_scale"), ("stepped", "actor/stepped")]
+
+
+def parse_variant(text: str) -> tuple[str, list[str]]:
+    label, _, overrides = text.partition(":")
+    if not overrides.strip():
+        raise SystemExit(f"--variant {text!r}: expected 'label: override override ...'")
+    return label.strip(), shlex.split(overrides)
+
+
+def build(overrides: list[str], run_dir: str, log):
+    """A local-engine trainer for ``overrides`` in its own run dir (a fresh start every time)."""
+    from ragen_turn.config import validate_config
+    from ragen_turn.engines.local.trainer import build_trainer
+    from ragen_turn.train import compose_config
+
+    cfg = compose_config(overrides + [f"trainer.default_local_dir={run_dir}", "trainer.overwrite=true"])
+    validate_config(cfg)
+    return build_trainer(cfg, log=log)
+
+
+def fresh_rollout(trainer, dev_rooms: int) -> dict:
+    """The same env and sampling seeds as the first batch (step 0), played by the trainer's current actor."""
+    from ragen_turn.engines.runlog import episode_metrics
+
+    batch = trainer.rollout(0)
+    m = episode_metrics(batch)
+    out = {"format_errors": m["env/format_error_rate"], "success": m["env/success"],
+           "tokens_per_turn": m["env/response_tokens"] / max(m["env/turns"], 1e-9)}
+    if dev_rooms:
+        out["dev_success"] = trainer.evaluate()["val/success"]
+    return out
+
+
+def one_variant(label: str, overrides: list[str], batch0, shared_adv, dev_rooms: int, root: str, quiet: bool):
+    import torch
+
+    log = (lambda *a, **k: None) if quiet else print
+    t0 = time.time()
+    trainer = build(overrides, os.path.join(root, label.replace("/", "_")), log)
+    batch = copy.deepcopy(batch0)
+    batch = trainer.filter_groups(batch)
+    trainer.score(batch)
+    trainer.compute_advantages(batch)
+    if shared_adv is not None:
+        batch.advantages = shared_adv.clone()
+    metrics = trainer.update(batch)
+    trace = trainer.update_trace.get("actor", [])
+    kl = trainer.update_kl(batch)
+    after = fresh_rollout(trainer, dev_rooms)
+    row = {"label": label, "overrides": overrides, "update_kl": kl,
+           "minibatches": [{k: mb.get(key) for k, key in TRACE_KEYS} for mb in trace],
+           "kl_stop": metrics.get("actor/kl_stop"), **after, "seconds": time.time() - t0}
+    del trainer
+    return row
+
+
+def fmt(x, p=3):
+    return "-" if x is None else f"{x:.{p}f}"
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--variant", action="append", default=[], help="'label: overrides' (repeat); default: the study's")
+    ap.add_argument("--only", nargs="*", default=None, help="run only these labels of the default variants")
+    ap.add_argument("--shared-adv", default=None, help="the label of a variant whose advantages every variant uses")
+    ap.add_argument("--dev", type=int, default=0, help="also evaluate on N dev rooms after the update (0: off)")
+    ap.add_argument("--out", default=None, help="write one JSON line per variant here")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--verbose", action="store_true")
+    ap.add_argument("overrides", nargs="*", help="overrides for every variant (after --), e.g. seed=0")
+    args = ap.parse_args(argv)
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    variants = dict(parse_variant(v) for v in args.variant) if args.variant else \
+        {k: shlex.split(v) for k, v in DEFAULT_VARIANTS.items() if args.only is None or k in args.only}
+    base = BASE + list(args.overrides)
+    if args.dev:
+        base.append(f"es_manager.val.env_groups={args.dev}")
+    root = tempfile.mkdtemp(prefix="one_update_")
+    log = print if args.verbose else (lambda *a, **k: None)
+
+    # the batch: rolled out once by the warm start (any variant's trainer rolls out the same one: same weights
+    # and seeds), with the fresh-rollout numbers of the warm start itself as the "before" row
+    first = next(iter(variants.values()))
+    t0 = time.time()
+    trainer = build(base + first, os.path.join(root, "_batch"), log)
+    batch0 = trainer.rollout(0)
+    before = fresh_rollout(trainer, args.dev)
+    print(f"# one_update: {' '.join(base)}; batch of {batch0.batch_size} episodes, "
+          f"{int(batch0.response_mask.sum())} sampled tokens ({time.time() - t0:.0f} s)")
+    print(f"# before the update: format errors {fmt(before['format_errors'])}, tokens/turn "
+          f"{fmt(before['tokens_per_turn'], 1)}, success {fmt(before['success'])}"
+          + (f", dev success {fmt(before['dev_success'])}" if args.dev else ""))
+    shared = None
+    if args.shared_adv is not None:
+        if args.shared_adv not in variants:
+            raise SystemExit(f"--shared-adv {args.shared_adv!r}: not one of the variants {sorted(variants)}")
+        t = build(base + variants[args.shared_adv], os.path.join(root, "_shared"), log)
+        b = t.filter_groups(copy.deepcopy(batch0))
+        t.score(b)
+        t.compute_advantages(b)
+        shared = b.advantages
+        print(f"# advantages: {args.shared_adv}'s, shared by every variant")
+    del trainer
+
+    rows = [dict(before, label="(warm start)", update_kl=0.0, minibatches=[])]
+    out = open(args.out, "w") if args.out else None
+    head = f"{'variant':28s} {'mini-batches: kl / turns clipped / live / grad norm / scale':60s} " \
+           f"{'KL':>6s} {'fmt err':>7s} {'tok/turn':>8s} {'success':>7s}" + (f" {'dev':>6s}" if args.dev else "")
+    print(head)
+    for label, ov in variants.items():
+        row = one_variant(label, base + ov, batch0, shared, args.dev, root, not args.verbose)
+        rows.append(row)
+        mbs = " | ".join(f"{fmt(m['kl'])}/{fmt(m['turns_clip'], 2)}/{fmt(m['live'], 2)}/{fmt(m['gnorm'], 2)}"
+                         + ("" if m['scale'] is None else f"/{fmt(m['scale'], 2)}") + ("" if m['stepped'] else "x")
+                         for m in row["minibatches"])
+        print(f"{label:28s} {mbs:60s} {fmt(row['update_kl']):>6s} {fmt(row['format_errors']):>7s} "
+              f"{fmt(row['tokens_per_turn'], 1):>8s} {fmt(row['success']):>7s}"
+              + (f" {fmt(row.get('dev_success')):>6s}" if args.dev else ""), flush=True)
+        if out:
+            out.write(json.dumps(row) + "\n")
+            out.flush()
+    if out:
+        out.write(json.dumps(rows[0]) + "\n")
+        out.close()
+    return rows
+
+
+if __name__ == "__main__":
+    main()
