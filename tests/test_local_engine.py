@@ -157,9 +157,10 @@ def _mini_batch_grads(tr, model, loss_of, stats_of, batch, micro):
 
 @pytest.mark.parametrize("algo", ALGOS)
 def test_micro_batch_size_does_not_change_the_update(algo, tmp_path):
-    """One mini-batch of 8 episodes with uneven turn counts and lengths: micro-batches of 8 (= mini) and of 2
-    (= mini/4) give the same losses and the same accumulated gradients, actor (policy loss + entropy + KL, the
-    correction's statistic included) and critic."""
+    """One mini-batch of 8 episodes with uneven turn counts and lengths: micro-batches of 8 (= mini), 2 (= mini/4)
+    and 3 (uneven) give the same losses, the same accumulated gradients, actor (policy loss + entropy + KL, the
+    correction's statistic included) and critic, and the same logged statistics (every one of them: approx KL,
+    clip fractions, live share, the correction's ratio...), to 1e-6 relative."""
     cfg = micro_config([f"algo={algo}", "es_manager.train.env_groups=4", "es_manager.train.group_size=2",
                         "agent_proxy.max_turn=3", "ppo_mini_batch_size=8", "micro_batch_size_per_gpu=8",
                         "actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.entropy_coeff=0.01",
@@ -187,11 +188,15 @@ def test_micro_batch_size_does_not_change_the_update(algo, tmp_path):
     for model, loss_of, stats, keys in runs:
         m_full, g_full = _mini_batch_grads(tr, model, loss_of, stats, batch, 8)
         actor_metrics = actor_metrics or m_full
-        m_micro, g_micro = _mini_batch_grads(tr, model, loss_of, stats, batch, 2)
-        for k in keys:
-            assert m_micro[k] == pytest.approx(m_full[k], rel=1e-5, abs=1e-7), (algo, k)
-        for g1, g2 in zip(g_full, g_micro):
-            assert torch.allclose(g1, g2, rtol=1e-4, atol=1e-7), algo
+        for micro in (2, 3):
+            m_micro, g_micro = _mini_batch_grads(tr, model, loss_of, stats, batch, micro)
+            for k in keys:
+                assert m_micro[k] == pytest.approx(m_full[k], rel=1e-5, abs=1e-7), (algo, k)
+            assert set(m_micro) == set(m_full)
+            for k, v in m_full.items():  # every logged statistic is the mini-batch's
+                assert m_micro[k] == pytest.approx(v, rel=1e-6, abs=1e-9), (algo, micro, k)
+            for g1, g2 in zip(g_full, g_micro):
+                assert torch.allclose(g1, g2, rtol=1e-4, atol=1e-7), algo
         assert any(g.abs().sum() > 0 for g in g_full)
     if stats_of is not None:
         assert actor_metrics["actor/clip_bias_scale"] < 1.0, actor_metrics  # the mini-batch statistic scaled the loss
@@ -764,3 +769,59 @@ def test_provenance_records_host_versions_and_starting_weights_and_resume_append
     assert [e["step"] for e in entries] == [0, 1] and "start_weights_sha256" not in entries[1]
     kept = keep_runs([load_run(tmp_path / "a")], tmp_path / "kept")
     assert json.loads((kept / "a" / "provenance.json").read_text()) == entries
+
+
+def _perturbed_turn_ppo(tmp_path, extra, name):
+    """A turn_ppo trainer on 8 uneven episodes, scored, with its actor perturbed after scoring (ratios away from 1:
+    many turns clipped)."""
+    cfg = micro_config(["algo=turn_ppo", "es_manager.train.env_groups=4", "es_manager.train.group_size=2",
+                        "agent_proxy.max_turn=3", "actor_rollout_ref.rollout.response_length=12",
+                        "actor_rollout_ref.actor.optim.lr=1e-3", *extra], run_dir=tmp_path / name)
+    tr = build_trainer(cfg, log=_quiet)
+    tr.sampler = uneven_policy(tr.tokenizer)
+    batch = tr.rollout(0)
+    tr.score(batch)
+    tr.compute_advantages(batch)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in tr.actor.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return tr, batch
+
+
+def test_target_kl_stops_the_update_at_the_first_mini_batch_past_it(tmp_path):
+    """target_kl (CleanRL's / SB3's): a mini-batch whose approx KL before its step is above the target is not
+    stepped and the rest of the update is dropped; the trace and the log say so; max_update_kl's rollback stays off."""
+    lines = []
+    tr, batch = _perturbed_turn_ppo(tmp_path, ["ppo_mini_batch_size=4", "actor_rollout_ref.actor.target_kl=1e-9"],
+                                    "stop")
+    tr.log = lines.append
+    before = [p.detach().clone() for p in tr.actor.parameters()]
+    m = tr.update(batch)
+    trace = tr.update_trace["actor"]
+    assert [t["actor/stepped"] for t in trace] == [0.0] and trace[0]["actor/approx_kl"] > 1e-9
+    assert m["actor/kl_stop"] == 1.0 and m["actor/minibatches_stepped"] == 0.0
+    assert all(torch.equal(a, b) for a, b in zip(before, tr.actor.parameters()))  # nothing stepped
+    assert any("target_kl" in x and "0 mini-batch(es) stepped" in x for x in lines), lines
+    assert "actor/update_rolled_back" not in m
+    # a target the perturbation stays under: every mini-batch steps
+    tr2, batch2 = _perturbed_turn_ppo(tmp_path, ["ppo_mini_batch_size=4", "actor_rollout_ref.actor.target_kl=10"],
+                                      "go")
+    m2 = tr2.update(batch2)
+    assert [t["actor/stepped"] for t in tr2.update_trace["actor"]] == [1.0, 1.0] and m2["actor/kl_stop"] == 0.0
+
+
+def test_step_scale_live_is_an_lr_times_the_live_share(tmp_path):
+    """step_scale=live on one mini-batch: the step equals a plain step at lr x actor/live_frac (Adam, no weight
+    decay), and the live share is below 1 here (turns clipped), so the step did shrink."""
+    tr, batch = _perturbed_turn_ppo(tmp_path, ["ppo_mini_batch_size=8", "actor_rollout_ref.actor.step_scale=live"],
+                                    "live")
+    m = tr.update(batch)
+    live = tr.update_trace["actor"][0]["actor/live_frac"]
+    assert 0.0 < live < 1.0 and m["actor/step_scale"] == live
+    ref, batch_r = _perturbed_turn_ppo(tmp_path, ["ppo_mini_batch_size=8"], "plain")
+    for g in ref.actor_optim.param_groups:
+        g["initial_lr"] = g["initial_lr"] * live
+    ref.update(batch_r)
+    for a, b in zip(tr.actor.parameters(), ref.actor.parameters()):
+        assert torch.equal(a, b)
