@@ -14,6 +14,7 @@ Settings are chosen on the dev seeds (``es_manager.val.seeds=dev``, the default 
 reporting. Deterministic for a seed on one CPU type.
 
     python benchmarks/one_update.py                       # the long_turns study's variants, seed 1
+    python benchmarks/one_update.py --setting long_horizon --only token_ppo turn_ppo   # another setting
     python benchmarks/one_update.py --variant 'tp: algo=turn_ppo' --variant 'tp_kl: algo=turn_ppo \
         actor_rollout_ref.actor.target_kl=0.02' -- seed=0     # your own variants; overrides after -- go to all
     python benchmarks/one_update.py --shared-adv token_ppo    # every variant trains on token_ppo's advantages
@@ -33,33 +34,50 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-# the long_turns setting from its committed warm start (docs/results/long_turns/warmstart), dev seeds
-BASE = ["env=sokoban", "+setting=long_turns", "model.pinned_cache=docs/results/long_turns",
-        "model.warmstart.seed=0", "es_manager.val.seeds=dev", "seed=1"]
+# each setting from its committed warm start (as scripts/compare.sh runs it), dev seeds, seed 1
+SETTINGS = {
+    "long_turns": ["env=sokoban", "+setting=long_turns", "model.pinned_cache=docs/results/long_turns",
+                   "model.warmstart.seed=0"],
+    "long_horizon": ["env=sokoban", "+setting=long_horizon", "model.pinned_cache=docs/results/long_horizon",
+                     "model.warmstart.seed=0"],
+    "sokoban": ["env=sokoban"],  # the default job (its committed warm start: config/env_model/sokoban_tiny.yaml)
+}
+COMMON = ["es_manager.val.seeds=dev", "seed=1"]
 
-GSPO = "actor_rollout_ref.actor.clip_ratio_low=0.0003 actor_rollout_ref.actor.clip_ratio_high=0.0004"
-PL = "actor_rollout_ref.actor.policy_loss"
 A = "actor_rollout_ref.actor"
-# label: overrides. The papers' settings first, then each trust-region option alone and together.
+PL = f"{A}.policy_loss"
+GSPO = f"{A}.clip_ratio_low=0.0003 {A}.clip_ratio_high=0.0004"
+# the papers' clip range, no trust-region option (the shipped defaults, config/algo/*.yaml, differ: docs/SPEC.md)
+PAPER = f"{A}.clip_ratio_low=0.2 {A}.clip_ratio_high=0.28 {PL}.token_band=false"
+TURN_MEAN = f"{PL}.loss_agg_mode=turn-mean"  # turn_ppo's aggregation before the trust-region study
+# label: overrides. "X@paper" is algo X at the papers' clip range with no option (turn_ppo: with turn-mean, as the
+# 5-seed comparisons ran it); "+option" adds one option to it; a bare "X" is X's shipped default.
 DEFAULT_VARIANTS = {
     "token_ppo": "algo=token_ppo",
-    "turn_ppo": "algo=turn_ppo",
-    "turn_ppo_geo": "algo=turn_ppo_geo",
-    "st_ppo": "algo=st_ppo",
-    "so_grpo": "algo=so_grpo",
-    "turn_ppo+token_band": f"algo=turn_ppo {PL}.token_band=true",
-    "turn_ppo+sqrt_len": f"algo=turn_ppo {PL}.turn_band=sqrt_len",
-    "turn_ppo+live_step": f"algo=turn_ppo {A}.step_scale=live",
-    "turn_ppo+target_kl": f"algo=turn_ppo {A}.target_kl=0.02",
-    "turn_ppo+paper_agg": f"algo=turn_ppo {PL}.loss_agg_mode=seq-mean-turn-sum-token-norm",
-    "turn_ppo+token_band+live_step": f"algo=turn_ppo {PL}.token_band=true {A}.step_scale=live",
-    "turn_ppo+token_band+sqrt_len": f"algo=turn_ppo {PL}.token_band=true {PL}.turn_band=sqrt_len",
-    "turn_ppo+token_band+paper_agg": f"algo=turn_ppo {PL}.token_band=true {PL}.loss_agg_mode=seq-mean-turn-sum-token-norm",
-    "turn_ppo_geo+token_band": f"algo=turn_ppo_geo {PL}.token_band=true",
-    "turn_ppo_geo+gspo": f"algo=turn_ppo_geo {GSPO}",
-    "st_ppo+token_band": f"algo=st_ppo {PL}.token_band=true",
-    "so_grpo+token_band": f"algo=so_grpo {PL}.token_band=true",
+    "grpo": "algo=grpo",
+    "s_ppo": "algo=s_ppo",
+    "turn_ppo@paper": f"algo=turn_ppo {PAPER} {TURN_MEAN}",
+    "turn_ppo@paper+token_band": f"algo=turn_ppo {PAPER} {TURN_MEAN} {PL}.token_band=true",
+    "turn_ppo@paper+sqrt_len": f"algo=turn_ppo {PAPER} {TURN_MEAN} {PL}.turn_band=sqrt_len",
+    "turn_ppo@paper+live_step": f"algo=turn_ppo {PAPER} {TURN_MEAN} {A}.step_scale=live",
+    "turn_ppo@paper+target_kl": f"algo=turn_ppo {PAPER} {TURN_MEAN} {A}.target_kl=0.02",
+    "turn_ppo@paper+paper_agg": f"algo=turn_ppo {PAPER} {PL}.loss_agg_mode=seq-mean-turn-sum-token-norm",
+    "turn_ppo@paper+token_band+live_step": f"algo=turn_ppo {PAPER} {TURN_MEAN} {PL}.token_band=true {A}.step_scale=live",
+    "turn_ppo@paper+token_band+sqrt_len": f"algo=turn_ppo {PAPER} {TURN_MEAN} {PL}.token_band=true "
+                                          f"{PL}.turn_band=sqrt_len",
+    "turn_ppo@paper+token_band+paper_agg": f"algo=turn_ppo {PAPER} {PL}.token_band=true "
+                                           f"{PL}.loss_agg_mode=seq-mean-turn-sum-token-norm",
 }
+for _algo in ("turn_ppo_geo", "turn_is", "st_ppo", "so_ppo", "so_grpo"):
+    DEFAULT_VARIANTS.update({
+        f"{_algo}@paper": f"algo={_algo} {PAPER}",
+        f"{_algo}@paper+token_band": f"algo={_algo} {PAPER} {PL}.token_band=true",
+        f"{_algo}+gspo": f"algo={_algo} {GSPO} {PL}.token_band=false",
+        f"{_algo}+gspo+token_band": f"algo={_algo} {GSPO} {PL}.token_band=true",
+    })
+DEFAULT_VARIANTS["so_grpo+gspo+token_band+target_kl"] = f"algo=so_grpo {GSPO} {PL}.token_band=true {A}.target_kl=0.05"
+SHIPPED = ["token_ppo", "grpo", "s_ppo", "turn_ppo", "turn_ppo_geo", "turn_is", "st_ppo", "so_ppo", "so_grpo"]
+DEFAULT_VARIANTS.update({f"{a}": f"algo={a}" for a in SHIPPED if a not in DEFAULT_VARIANTS})
 
 TRACE_KEYS = [("kl", "actor/approx_kl"), ("turns_clip", "actor/clip_frac_turn"), ("tok_clip", "actor/clip_frac_token"),
               ("live", "actor/live_frac"), ("dual", "actor/dual_clip_frac"), ("gnorm", "actor/grad_norm"),
@@ -126,6 +144,7 @@ def fmt(x, p=3):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--setting", default="long_turns", choices=sorted(SETTINGS))
     ap.add_argument("--variant", action="append", default=[], help="'label: overrides' (repeat); default: the study's")
     ap.add_argument("--only", nargs="*", default=None, help="run only these labels of the default variants")
     ap.add_argument("--shared-adv", default=None, help="the label of a variant whose advantages every variant uses")
@@ -141,7 +160,7 @@ def main(argv=None):
     torch.set_num_threads(args.threads)
     variants = dict(parse_variant(v) for v in args.variant) if args.variant else \
         {k: shlex.split(v) for k, v in DEFAULT_VARIANTS.items() if args.only is None or k in args.only}
-    base = BASE + list(args.overrides)
+    base = SETTINGS[args.setting] + COMMON + list(args.overrides)
     if args.dev:
         base.append(f"es_manager.val.env_groups={args.dev}")
     root = tempfile.mkdtemp(prefix="one_update_")

@@ -1260,6 +1260,10 @@ def test_verl_workers_equal_the_local_engine(parity, algo):
     assert r["values_max_abs_diff"] <= TOL["values"]
     assert r["advantages_max_abs_diff"] <= TOL["adv"] and r["returns_max_abs_diff"] <= TOL["adv"]
     assert abs(r["pg_loss"][1]) > 1e-3 and _close(r["pg_loss"], TOL["loss_rel"])
+    # the loss's statistics are the mini-batch's on both engines (averaged micro-batch shares would read 0.5 here)
+    assert r["stats"]["actor/live_frac"][1] == pytest.approx(1.0) and len(r["stats"]) == 5, r["stats"]
+    for k, pair in r["stats"].items():
+        assert abs(pair[0] - pair[1]) <= 1e-5 * max(1.0, abs(pair[1])), (k, pair)
     assert _close(r["value_loss"], TOL["loss_rel"])
     for key in ("actor_grad", "critic_grad"):
         g = r[key]

@@ -272,6 +272,10 @@ def compare(v: dict, loc: dict) -> dict:
         res[f"{key}_max_abs_diff"] = worst
     am, lm = v["actor_metrics"], loc["metrics"]
     res["pg_loss"] = [float(am["actor/pg_loss"]), float(lm["actor/pg_loss"])]
+    # the loss's statistics (micro-batch shares: verl must sum them as it sums pg_loss, not average them)
+    res["stats"] = {k: [float(am[k]), float(lm[k])] for k in ("actor/live_frac", "actor/ratio_mean",
+                                                              "actor/approx_kl", "actor/clip_frac_token",
+                                                              "actor/clip_frac_turn") if k in am and k in lm}
     res["actor_grad"] = _rel(v["actor_grads"], loc["grads"]["actor"])
     if "critic_grads" in v:
         res["value_loss"] = [float(v["critic_metrics"]["critic/value_loss"]), float(lm["critic/value_loss"])]
