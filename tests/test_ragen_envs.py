@@ -240,17 +240,19 @@ def test_bad_env_configs_name_the_key(name, bad, match):
 
 # ---------------------------------------------------------------- they train
 @pytest.mark.parametrize("name,algo", [("bandit", "grpo"), ("frozen_lake", "turn_ppo"), ("countdown", "grpo")])
-def test_ragen_simple_envs_train_two_steps_after_a_warm_start(name, algo, tmp_path):
+def test_ragen_simple_envs_train_two_steps_after_a_warm_start(name, algo, tmp_path, monkeypatch):
     from ragen_turn.engines.local.trainer import build_trainer
+
+    monkeypatch.setenv("RAGEN_TURN_CACHE_DIR", str(tmp_path / "cache"))  # the warm start is built here, not loaded
 
     assert name in REGISTERED_ENVS
     cfg = micro_config([f"env={name}", f"algo={algo}", "model.warmstart.enable=true", "model.warmstart.episodes=8",
                         "model.warmstart.steps=2", "model.warmstart.batch_size=4",
-                        "actor_rollout_ref.rollout.response_length=24"], run_dir=tmp_path)
+                        "actor_rollout_ref.rollout.response_length=24"], run_dir=tmp_path / "run")
     lines = []
     trainer = build_trainer(cfg, log=lines.append)
     assert any(line.startswith("[warmstart]") and "demonstrations" in line for line in lines), lines
     last = trainer.fit()
     assert last["step"] == 2
-    steps = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert len([m for m in steps if "env/reward" in m]) == 2
