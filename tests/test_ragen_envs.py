@@ -256,3 +256,19 @@ def test_ragen_simple_envs_train_two_steps_after_a_warm_start(name, algo, tmp_pa
     assert last["step"] == 2
     steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert len([m for m in steps if "env/reward" in m]) == 2
+
+
+def test_bandit_offsets_are_the_slot_index_in_the_env_manager():
+    """Held-out Bandit episodes do not depend on how many envs the process built before (a warm start, train envs)."""
+    from ragen_turn.rollout.env_manager import EnvGroupManager
+
+    custom = {"Bandit": {"env_type": "bandit", "env_config": {"split": "test"}, "max_actions_per_traj": 1}}
+    split = {"env_groups": 3, "group_size": 2, "env_configs": {"tags": ["Bandit"], "n_groups": [3]}}
+    first = EnvGroupManager(custom, split, "val")
+    BanditEnv(), BanditEnv()  # more envs built in between
+    again = EnvGroupManager(custom, split, "val")
+    assert [s.env.internal_seed for s in again.slots] == [0, 1, 2, 3, 4, 5]
+    texts = lambda m: [s.env.reset(seed=s.seed) for s in m.assign_seeds(0, 0)]  # noqa: E731
+    assert texts(first) == texts(again)
+    pinned = EnvGroupManager({"Bandit": {**custom["Bandit"], "env_config": {"internal_seed": 7}}}, split, "val")
+    assert {s.env.internal_seed for s in pinned.slots} == {7}

@@ -41,8 +41,9 @@ class BanditEnvConfig:
     hi_arm_hiscore_prob: float = 0.25
     render_mode: str = "text"
     action_lookup: Optional[Dict[int, str]] = None  # drawn at every reset (which name is arm 1): leave null
-    internal_seed: Optional[int] = None     # not RAGEN's: null = RAGEN's rule (the n-th env built in this process
-                                            # adds n to the reset seed); an int fixes the offset
+    internal_seed: Optional[int] = None     # not RAGEN's: null = RAGEN's rule (the n-th env built adds n to the reset
+                                            # seed; in our env manager n is the env's index in its split); an int
+                                            # fixes the offset
     format_penalty: float = -0.1            # not RAGEN's (its env asserts): reward of an unknown arm, a no-op
 
     def __post_init__(self) -> None:

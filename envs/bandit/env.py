@@ -59,6 +59,13 @@ class BanditEnv(BaseDiscreteActionEnv):
         self._done = True
         self._success = False
 
+    def set_slot(self, index: int) -> None:
+        """Called by the env manager with the env's index in its split: with ``internal_seed`` unset, that index is
+        the offset (RAGEN's count when a split's envs are the first built), so a split's episodes do not depend on
+        what else the process built (a warm start, the train envs before the held-out ones)."""
+        if self.config.internal_seed is None:
+            self.internal_seed = int(index)
+
     @property
     def instruction(self) -> str:
         return ("You are playing a two-armed bandit: pull one of two arms, named in the observation, once. "
