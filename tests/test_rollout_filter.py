@@ -84,7 +84,8 @@ def test_filter_rows_metrics_with_ragens_names():
         assert m[k] == pytest.approx(v, rel=1e-6), k
     # nothing kept: the chosen stats are 0, as RAGEN's
     rows, m = filter_rows(groups, torch.ones(6), FilterSpec(value=0.9, strategy="top_p"))
-    assert rows.tolist() == [] and m["rollout/filter_kept_ratio"] == 0.0 and m["rollout/chosen_in_group_reward_mean"] == 0
+    assert rows.tolist() == [] and m["rollout/filter_kept_ratio"] == 0.0
+    assert m["rollout/chosen_in_group_reward_mean"] == 0
     assert m["rollout/filter_zero_count"] == 3.0
     # the earlier top fraction by std, now floored: the best 1 of 3 groups
     assert kept_rows(groups, rewards, 0.5, "std").tolist() == [4, 5]
@@ -136,7 +137,8 @@ def test_local_engine_logs_the_filter_and_skips_a_step_with_nothing_kept(tmp_pat
 
 
 def test_ragen_readme_filter_command_runs(tmp_path):
-    """RAGEN's README: ``actor_rollout_ref.rollout_filter_strategy=top_p actor_rollout_ref.rollout.rollout_filter_value=0.9``."""
+    """RAGEN's README: ``actor_rollout_ref.rollout_filter_strategy=top_p
+    actor_rollout_ref.rollout.rollout_filter_value=0.9``."""
     micro = ["model.hidden_size=32", "model.num_hidden_layers=1", "model.num_attention_heads=2",
              "model.num_key_value_heads=1", "model.intermediate_size=64", "model.warmstart.enable=false",
              "es_manager.train.env_groups=4", "es_manager.train.group_size=2", "es_manager.val.env_groups=2",

@@ -732,7 +732,8 @@ class _Tok:
 def fake_nlp(nouns):
     """A stand-in spaCy pipeline: tokens split on spaces, tagged NOUN when listed (PROPN for capitalised ones)."""
     def nlp(text):
-        return [_Tok(w, ("PROPN" if w[:1].isupper() else "NOUN") if w.lower() in nouns else "ADJ") for w in text.split()]
+        return [_Tok(w, ("PROPN" if w[:1].isupper() else "NOUN") if w.lower() in nouns else "ADJ")
+                for w in text.split()]
     return nlp
 
 
@@ -770,7 +771,7 @@ def test_spacy_model_reaches_the_purchase(make, monkeypatch, tmp_path):
 
     def load(path):
         seen.append(path)
-        return fake_nlp(set())  # no nouns anywhere: WebShop's title score is 0.2, the type reward rests on query/category
+        return fake_nlp(set())  # no nouns: WebShop's title score is 0.2, the type reward rests on query/category
 
     monkeypatch.setattr(E, "load_spacy", load)
     env = make(spacy_model=str(tmp_path / "en_core_web_sm"))

@@ -176,12 +176,13 @@ def _r_type(query_match: bool, category_match: bool, title_score: float) -> floa
 # WebShop's colour vocabulary (web_agent_site/engine/normalize.py), data needed for its option rule: an option
 # value becomes the first of these it contains
 WEBSHOP_COLORS = tuple("""alabaster apricot aqua ash asphalt azure banana beige black blue blush bordeaux bronze brown
-burgundy camel camo caramel champagne charcoal cheetah chestnut chocolate christmas coffee cognac copper coral cranberry
-cream crystal dark denim eggplant elephant espresso fuchsia gold granite grape graphite grass gray green grey heather
-indigo ivory ivy khaki lavender lemon leopard light lilac lime magenta maroon mauve merlot midnight mint mocha multicolor
-mushroom mustard natural navy nude olive orange peach pewter pink plum purple rainbow red rose royal rust sand sapphire
-seashell silver skull slate steel stone stonewash sunflower tan taupe teal tiger turquoise violet walnut wheat white wine
-yellow""".split())
+burgundy camel camo caramel champagne charcoal cheetah chestnut chocolate christmas coffee cognac
+copper coral cranberry cream crystal dark denim eggplant elephant espresso fuchsia gold granite
+grape graphite grass gray green grey heather indigo ivory ivy khaki lavender lemon leopard light
+lilac lime magenta maroon mauve merlot midnight mint mocha multicolor mushroom mustard natural navy
+nude olive orange peach pewter pink plum purple rainbow red rose royal rust sand sapphire seashell
+silver skull slate steel stone stonewash sunflower tan taupe teal tiger turquoise violet walnut
+wheat white wine yellow""".split())
 
 
 def webshop_color(value: str) -> str:
@@ -328,5 +329,6 @@ def get_reward(purchased: Mapping[str, Any], goal: Mapping[str, Any], price: flo
 
 
 __all__ = ["get_reward", "get_type_reward", "webshop_type_reward", "load_spacy", "spacy_nouns", "webshop_color",
-           "webshop_option_reward", "webshop_attribute_reward", "get_attribute_reward", "get_option_reward", "token_set_ratio",
+           "webshop_option_reward", "webshop_attribute_reward", "get_attribute_reward", "get_option_reward",
+           "token_set_ratio",
            "normalize_color", "title_content_words", "process_text"]
