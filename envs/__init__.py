@@ -33,6 +33,18 @@ try:
 except ImportError as e:  # pragma: no cover - only while the adapter is missing
     _IMPORT_ERRORS["sokoban"] = str(e)
 
+try:  # RAGEN's simple envs: gymnasium (a core dependency) is all they need
+    from .bandit import BanditEnv, BanditEnvConfig
+    from .countdown import CountdownEnv, CountdownEnvConfig
+    from .frozen_lake import FrozenLakeEnv, FrozenLakeEnvConfig
+
+    register_env("bandit", BanditEnv, BanditEnvConfig)
+    register_env("frozen_lake", FrozenLakeEnv, FrozenLakeEnvConfig)
+    register_env("countdown", CountdownEnv, CountdownEnvConfig)
+except ImportError as e:  # pragma: no cover
+    for _name in ("bandit", "frozen_lake", "countdown"):
+        _IMPORT_ERRORS[_name] = str(e)
+
 try:
     from .webshop import WebShopEnv, WebShopEnvConfig
 

@@ -1284,3 +1284,41 @@ def test_turn_critic_in_the_worker_trains_on_turn_starts_only(parity):
 def test_weights_reach_the_hf_rollout_after_an_update(parity):
     r = parity["turn_ppo"]["weight_sync"]
     assert r["actor_changed"] and abs(r["server_after"] - r["actor_after"]) <= 1e-6 * max(1.0, abs(r["actor_after"]))
+
+
+@needs_verl
+def test_top_p_filter_on_verl_pads_the_kept_rows_and_skips_an_empty_step(model_dir, tmp_path, monkeypatch):
+    """RAGEN-2's top_p filter through the verl trainer (the same common.filter_rows as the local engine): RAGEN's
+    rollout/* metrics, kept rows repeated up to a multiple of lcm(ppo_mini_batch_size, dp), and a step whose filter
+    keeps nothing makes no update (the weights still sync)."""
+    import json
+
+    import ragen_turn.engines.verl.trainer as vt
+
+    t, vcfg = _trainer_with_fake_workers(model_dir, tmp_path, "grpo", "trainer.save_freq=0", "trainer.test_freq=0",
+                                         "actor_rollout_ref.rollout.rollout_filter_strategy=top_p",
+                                         "actor_rollout_ref.rollout.rollout_filter_ratio=0.9")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    real = vt.filter_rows
+    calls = []
+
+    def one_group_then_none(group_ids, rewards, spec):
+        calls.append(spec)
+        rows, m = real(group_ids, rewards, spec)
+        if len(calls) == 1:  # step 1: one row kept (padded to 2); step 2: none
+            rows = (group_ids == group_ids[0]).nonzero().flatten()[:1]
+            m["rollout/filter_kept_count"] = 1.0
+        else:
+            rows = rows[:0]
+        return rows, m
+
+    monkeypatch.setattr(vt, "filter_rows", one_group_then_none)
+    t.fit()
+    assert calls[0].strategy == "top_p" and calls[0].value == 0.9
+    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    steps = [m for m in lines if m["step"] > 0]
+    assert steps[0]["env/kept_episodes"] == 2.0  # 1 kept row, repeated to lcm(2, dp 2) = 2
+    assert "rollout/filter_kept_ratio" in steps[0] and "rollout/empty_after_filter" not in steps[0]
+    assert steps[1]["rollout/empty_after_filter"] == 1.0 and steps[1]["env/kept_episodes"] == 0.0
+    assert len(t.actor_rollout_wg.updates) == 1  # step 2 made none
+    assert t.checkpoint_manager.calls.count(("update", 2)) == 1

@@ -42,7 +42,8 @@ from ragen_turn.algos import (
 )
 from ragen_turn.config import model_config, policy_loss_config, validate_config
 from ragen_turn.engines import checkpoints as ckpt
-from ragen_turn.engines.common import advantage_metrics, compute_advantages, kept_rows, turn_critic_targets
+from ragen_turn.config import FilterSpec
+from ragen_turn.engines.common import advantage_metrics, compute_advantages, filter_rows, turn_critic_targets
 from ragen_turn.engines.rundir import (
     DiskFull,
     TrainingStopped,
@@ -181,12 +182,12 @@ class StarPOTrainer:
         return Trajectory.from_episodes(episodes, self.tokenizer.pad_token_id)
 
     def filter_groups(self, batch: Trajectory) -> Trajectory:
-        """StarPO-S: keep the top ``rollout_filter_ratio`` env groups by reward std (or mean)."""
-        r = self.cfg.actor_rollout_ref.rollout
-        if r.rollout_filter_ratio >= 1.0:
-            return batch
-        return batch.select(kept_rows(batch.group_ids, batch.episode_rewards, r.rollout_filter_ratio,
-                                      r.rollout_filter_type))
+        """The rollout filter (StarPO-S top_k, RAGEN-2's top_p, ...: ``common.filter_rows``); its ``rollout/*``
+        metrics are left in ``self.filter_metrics``. The batch may come back empty (top_p when no group's rewards
+        vary): the step then trains on nothing."""
+        spec = FilterSpec.from_config(self.cfg.actor_rollout_ref.rollout)
+        rows, self.filter_metrics = filter_rows(batch.group_ids, batch.episode_rewards, spec)
+        return batch if len(rows) == batch.batch_size else batch.select(rows)
 
     # -------------------------------------------------------------------------------- scoring
     @torch.no_grad()
@@ -496,6 +497,10 @@ class StarPOTrainer:
                                             self.cfg.micro_batch_size_per_gpu, derived_seed(self.cfg.seed, self.step, 11)))
             metrics["perf/collapse_s"] = time.time() - t1
         batch = self.filter_groups(batch)
+        metrics.update(self.filter_metrics)
+        if batch.batch_size == 0:
+            return self._empty_step(metrics, t0, t_roll)
+        self.empty_filtered_steps = 0
         self.score(batch)
         self.compute_advantages(batch)
         if self.critic is not None:
@@ -521,6 +526,16 @@ class StarPOTrainer:
         metrics["perf/sampled_tokens_per_s"] = float(batch.response_mask.sum()) / max(t_roll, 1e-9)
         metrics["perf/prefix_cache_tokens"] = float(getattr(self.sampler, "cached_tokens_reused", 0) - reused0)
         metrics["env/kept_episodes"] = float(batch.batch_size)
+        return metrics
+
+    def _empty_step(self, metrics: Dict[str, float], t0: float, t_roll: float) -> Dict[str, float]:
+        """A step whose filter kept no group (RAGEN's ``rollout/empty_after_filter``): no update, the weights stay."""
+        self.empty_filtered_steps = getattr(self, "empty_filtered_steps", 0) + 1
+        self.log(f"[warn] step {self.step + 1}: the rollout filter kept no env group (no reward spread in any group); "
+                 f"no update ({self.empty_filtered_steps} such step(s) in a row)")
+        metrics.update({"rollout/empty_after_filter": 1.0,
+                        "rollout/consecutive_empty_after_filter_steps": float(self.empty_filtered_steps),
+                        "perf/rollout_s": t_roll, "perf/step_s": time.time() - t0, "env/kept_episodes": 0.0})
         return metrics
 
     def evaluate(self, envs: Optional[EnvGroupManager] = None, prefix: str = "val") -> Dict[str, float]:

@@ -131,8 +131,9 @@ def check_ragen_config(cfg: DictConfig) -> Placement:
     if cfg.trainer.get("time_budget_s") is not None:
         raise ValueError("trainer.time_budget_s runs on engine=local only: on verl, set trainer.total_training_steps")
     v = cfg.engine.verl
-    kept = kept_batch_size(cfg)
     bm = int(cfg.ppo_mini_batch_size)
+    kept = kept_batch_size(cfg) or bm  # a filter of reward-dependent size: each step's kept rows are padded to a
+                                       # multiple of lcm(ppo_mini_batch_size, data-parallel size) (RAGEN's copy mode)
     mb = int(cfg.micro_batch_size_per_gpu)
     if kept % bm:
         raise ValueError(f"ppo_mini_batch_size={bm} must divide the rollout batch after filtering ({kept} = "
@@ -216,7 +217,7 @@ def to_verl_config(cfg: DictConfig, model_path: Optional[str] = None) -> DictCon
     if not path:
         raise ValueError("engine=verl needs model.path (a local Hugging Face checkpoint directory; "
                          "`python -m ragen_turn.models export tiny DIR` writes a tiny one)")
-    kept = kept_batch_size(cfg)
+    kept = kept_batch_size(cfg) or cfg.es_manager.train.env_groups * cfg.es_manager.train.group_size
     mb = int(cfg.micro_batch_size_per_gpu)
     critic_on = cfg.critic.level != "none"
     out_dir = str(Path(cfg.trainer.default_local_dir).expanduser().resolve())

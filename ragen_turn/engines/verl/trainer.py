@@ -42,8 +42,9 @@ from verl.utils.debug import marked_timer
 from verl.utils.metric import reduce_metrics
 
 from ragen_turn.algos import check_turn_ids, place_turn_rewards, turn_boundaries, turn_mask_from_ids
-from ragen_turn.engines.common import (advantage_metrics, compute_advantages, kept_rows, normalized_turn_rewards,
-                                      turn_critic_targets)
+from ragen_turn.config import FilterSpec
+from ragen_turn.engines.common import (advantage_metrics, compute_advantages, filter_rows, normalized_turn_rewards,
+                                      pad_rows, turn_critic_targets)
 from ragen_turn.engines.runtime import derived_seed
 from ragen_turn.engines.runlog import (
     GENERATIONS_FILE, append_metrics, episode_metrics, progress_line, record_provenance, run_header, truncate_metrics,
@@ -309,9 +310,19 @@ class StarPOTrainer(RayPPOTrainer):
             timing.update(gen_timing)
             traj = to_trajectory(batch)
             metrics.update(episode_metrics(traj, "env"))
-            r = self.rcfg.actor_rollout_ref.rollout
-            keep = kept_rows(traj.group_ids, traj.episode_rewards, r.rollout_filter_ratio, r.rollout_filter_type)
-            if len(keep) < len(batch):
+            spec = FilterSpec.from_config(self.rcfg.actor_rollout_ref.rollout)
+            keep, filter_metrics = filter_rows(traj.group_ids, traj.episode_rewards, spec)
+            metrics.update(filter_metrics)
+            if len(keep) == 0:  # no group kept (RAGEN's empty_after_filter): no update this step
+                with marked_timer("update_weights", timing):
+                    self.checkpoint_manager.update_weights(step + 1)
+                return self._empty_step(metrics, timing)
+            if not spec.fixed_count:  # RAGEN's copy mode: repeat kept rows up to a size verl splits evenly
+                dp = self._get_dp_size(self.actor_rollout_wg, "actor")
+                keep = pad_rows(keep, int(np.lcm(int(self.rcfg.ppo_mini_batch_size), dp)),
+                                derived_seed(self.rcfg.seed, step, 13))
+            self.empty_filtered_steps = 0
+            if len(keep) != len(batch):
                 batch = batch.select_idxs(keep)
             self.order_rows(batch, metrics, step)
             batch = self.score(batch, metrics, timing)
@@ -345,6 +356,16 @@ class StarPOTrainer(RayPPOTrainer):
         metrics["perf/rollout_s"] = timing["gen"]
         metrics["perf/tokens_per_s"] = float(batch.batch["attention_mask"].sum()) / max(timing["step"], 1e-9)
         metrics["env/kept_episodes"] = float(len(batch))
+        return metrics
+
+    def _empty_step(self, metrics: Dict[str, float], timing: Dict[str, float]) -> Dict[str, float]:
+        """The metrics of a step whose rollout filter kept no env group (the weights stay)."""
+        self.empty_filtered_steps = getattr(self, "empty_filtered_steps", 0) + 1
+        print(f"[warn] step {self.global_steps + 1}: the rollout filter kept no env group; no update "
+              f"({self.empty_filtered_steps} such step(s) in a row)", flush=True)
+        metrics.update({"rollout/empty_after_filter": 1.0, "env/kept_episodes": 0.0,
+                        "rollout/consecutive_empty_after_filter_steps": float(self.empty_filtered_steps),
+                        "perf/rollout_s": timing.get("gen", 0.0)})
         return metrics
 
     def fit(self) -> Dict[str, float]:
