@@ -181,7 +181,7 @@ class HFServer:
         self.model_config = omega_conf_to_dataclass(model_config, dataclass_type=HFModelConfig)
         self.replica_rank = int(replica_rank)
         self.model = AutoModelForCausalLM.from_pretrained(
-            self.model_config.local_path, dtype=torch.float32, attn_implementation="sdpa",
+            self.model_config.local_path, dtype=getattr(torch, str(self.config.dtype)), attn_implementation="sdpa",
             trust_remote_code=self.model_config.trust_remote_code).eval()
         self.tokenizer = self.model_config.tokenizer
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
