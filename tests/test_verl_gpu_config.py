@@ -175,3 +175,17 @@ def vllm_config(model_dir):
     cfg = micro_config([*NODE, f"model.path={model_dir}", "engine.verl.rollout=vllm", "algo=turn_ppo",
                         "actor_rollout_ref.actor.use_kl_loss=true"])
     return to_verl_config(cfg, host=host())
+
+
+def test_check_command_maps_for_the_named_host(model_dir, capsys):
+    """``python -m ragen_turn.engines.verl.check``: a GPU config checked on this CPU, for a named machine."""
+    from ragen_turn.engines.verl.check import main
+
+    common = [o for o in NODE if o != "engine=verl"] + [f"model.path={model_dir}", "engine.verl.rollout=vllm"]
+    assert main(["--gpus", "4", "--installed", "vllm", *common, "engine.verl.rollout_tp=2"]) == 0
+    out = capsys.readouterr().out
+    assert "rollout.name=vllm tensor_model_parallel_size=2 gpu_memory_utilization=0.5 dtype=float32 engines=2" in out
+    assert "actor.strategy=fsdp " in out and "checks passed" in out
+    assert main(["--gpus", "4", "--installed", "vllm", *common, "engine.verl.rollout_tp=3"]) == 2
+    assert "engine.verl.rollout_tp=3" in capsys.readouterr().err
+    assert main(["--gpus", "4", "--installed", "vllm,tgi", *common]) == 2
