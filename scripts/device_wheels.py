@@ -7,7 +7,8 @@ larger than a batch (ray's is ~79 MB) goes in parts. Steps (``bash scripts/devic
 here (network: PyPI)
   ``download [DIR] [--req FILE]``   wheels for the GPU machine's Python (3.12, manylinux x86-64) into
                                     ``DIR/wheels`` (``pip download --no-deps --only-binary=:all:``), pinned
-                                    by ``scripts/device_wheels.txt``
+                                    by ``scripts/device_wheels.txt`` (``--req`` repeatable: add
+                                    ``scripts/device_wheels_smol.txt`` for SmolLM2)
   ``pack [DIR] [--limit MIB]``      ``DIR/batch-NN/``: each at most the batch budget (the carry limit less
                                     the working tree that travels with it), files over it split into parts;
                                     every batch holds ``MANIFEST`` (sha256, size, name of every whole wheel)
@@ -79,12 +80,16 @@ def read_requirements(req: Path) -> Tuple[List[str], List[str]]:
     return wheels, sdists
 
 
-def download(out: Path, req: Path, python_version: str = "3.12") -> List[Path]:
-    """``pip download`` every pinned wheel of ``req`` (no dependencies: the list is complete) for the GPU machine,
-    ``pip wheel`` the ``# sdist`` lines (which must give pure-Python wheels)."""
+def download(out: Path, reqs: List[Path], python_version: str = "3.12") -> List[Path]:
+    """``pip download`` every pinned wheel of the ``reqs`` files (no dependencies: the lists are complete) for the
+    GPU machine, ``pip wheel`` the ``# sdist`` lines (which must give pure-Python wheels)."""
     wheels = out / "wheels"
     wheels.mkdir(parents=True, exist_ok=True)
-    binary, sdists = read_requirements(req)
+    binary, sdists = [], []
+    for req in reqs:
+        b, s_ = read_requirements(req)
+        binary += b
+        sdists += s_
     abi = "cp" + python_version.replace(".", "")
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--python-version",
            python_version, "--implementation", "cp", "--abi", abi, "--abi", "abi3", "--abi", "none"]
@@ -284,7 +289,9 @@ def main(argv=None) -> int:
     sub = ap.add_subparsers(dest="step", required=True)
     d = sub.add_parser("download", help="here: pip download the pinned wheels for the GPU machine")
     d.add_argument("dir", nargs="?", default=str(REPO / ".wheels"))
-    d.add_argument("--req", default=str(REPO / "scripts" / "device_wheels.txt"))
+    d.add_argument("--req", action="append", default=None,
+                   help="a pinned list (repeatable; default scripts/device_wheels.txt; "
+                        "scripts/device_wheels_smol.txt adds SmolLM2)")
     d.add_argument("--python-version", default="3.12")
     p = sub.add_parser("pack", help="here: batches of at most the carry limit, big files in parts")
     p.add_argument("dir", nargs="?", default=str(REPO / ".wheels"))
@@ -303,7 +310,8 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     try:
         if a.step == "download":
-            names = download(Path(a.dir), Path(a.req), a.python_version)
+            reqs = [Path(r) for r in (a.req or [REPO / "scripts" / "device_wheels.txt"])]
+            names = download(Path(a.dir), reqs, a.python_version)
             print(f"[device_wheels] {len(names)} wheels in {a.dir}/wheels")
         elif a.step == "pack":
             tree = None if a.tree_mib is None else int(a.tree_mib * MIB)
