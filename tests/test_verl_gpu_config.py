@@ -189,3 +189,15 @@ def test_check_command_maps_for_the_named_host(model_dir, capsys):
     assert main(["--gpus", "4", "--installed", "vllm", *common, "engine.verl.rollout_tp=3"]) == 2
     assert "engine.verl.rollout_tp=3" in capsys.readouterr().err
     assert main(["--gpus", "4", "--installed", "vllm,tgi", *common]) == 2
+
+
+def test_hf_server_samples_on_its_workers_gpu():
+    """The hf rollout on a GPU machine: each server on its actor worker's GPU, numbered as the server sees it."""
+    from ragen_turn.engines.verl.hf_rollout import server_device
+
+    assert server_device(["0"], None, cuda=False) == "cpu"  # the CPU platform: a logical Ray GPU slot
+    assert server_device([], None, cuda=True) == "cpu"
+    assert server_device(["3"], None, cuda=True) == "cuda:3"
+    assert server_device(["3"], "2,3", cuda=True) == "cuda:1"  # the node was started with 2 GPUs visible
+    with pytest.raises(ValueError, match="CUDA_VISIBLE_DEVICES=0,1"):
+        server_device(["3"], "0,1", cuda=True)
