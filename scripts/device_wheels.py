@@ -36,9 +36,8 @@ MIB = 1 << 20
 CARRY_LIMIT_MIB = 64          # the device tool's limit per call: the working tree plus what `carry` names
 MARGIN_MIB = 2                # room for untracked files and the tree's growth between pack and run
 REPO = Path(__file__).resolve().parent.parent
-PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64",
-             "manylinux2014_x86_64", "manylinux1_x86_64", "manylinux_2_31_x86_64", "manylinux_2_34_x86_64",
-             "manylinux_2_35_x86_64")
+PLATFORMS = tuple(f"manylinux_2_{n}_x86_64" for n in (17, 24, 27, 28, 31, 34, 35)) + (
+    "manylinux2014_x86_64", "manylinux1_x86_64")
 PART = re.compile(r"^(?P<name>.+)\.part(?P<i>\d+)-of-(?P<n>\d+)$")
 
 
@@ -81,8 +80,8 @@ def read_requirements(req: Path) -> Tuple[List[str], List[str]]:
 
 
 def download(out: Path, reqs: List[Path], python_version: str = "3.12") -> List[Path]:
-    """``pip download`` every pinned wheel of the ``reqs`` files (no dependencies: the lists are complete) for the
-    GPU machine, ``pip wheel`` the ``# sdist`` lines (which must give pure-Python wheels)."""
+    """``pip download`` every pinned wheel of the ``reqs`` files for the GPU machine (no dependencies: the
+    lists are complete), ``pip wheel`` the ``# sdist`` lines (which must give pure-Python wheels)."""
     wheels = out / "wheels"
     wheels.mkdir(parents=True, exist_ok=True)
     binary, sdists = [], []
@@ -103,16 +102,16 @@ def download(out: Path, reqs: List[Path], python_version: str = "3.12") -> List[
         for w in set(wheels.glob("*.whl")) - before:
             if not w.name.endswith("-none-any.whl"):
                 w.unlink()
-                raise ValueError(f"{spec} built {w.name}, which is not pure Python: it would not run on the GPU "
-                                 "machine; find a wheel for it instead")
+                raise ValueError(f"{spec} built {w.name}, which is not pure Python: it would not run on "
+                                 "the GPU machine; find a wheel for it instead")
     return sorted(wheels.glob("*.whl"))
 
 
 def travelling_tree_bytes(repo: Path = REPO) -> int:
     """Bytes of the files the device tool sends with every call: tracked and untracked-not-ignored files."""
     try:
-        ls = subprocess.run(["git", "-C", str(repo), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                            check=True, capture_output=True).stdout
+        ls = subprocess.run(["git", "-C", str(repo), "ls-files", "-z", "--cached", "--others",
+                             "--exclude-standard"], check=True, capture_output=True).stdout
     except (OSError, subprocess.CalledProcessError):
         return 0
     total = 0
@@ -124,11 +123,14 @@ def travelling_tree_bytes(repo: Path = REPO) -> int:
 
 
 def batch_budget(limit_mib: float, tree_bytes: int) -> int:
-    """Bytes one batch may hold: the carry limit less the travelling tree and a margin; ValueError if none is left."""
+    """Bytes one batch may hold: the carry limit less the travelling tree and a margin.
+
+    ValueError when that leaves less than 1 MiB."""
     budget = int(limit_mib * MIB) - tree_bytes - MARGIN_MIB * MIB
     if budget < MIB:
-        raise ValueError(f"--limit {limit_mib} MiB leaves {budget / MIB:.1f} MiB per batch after the working tree "
-                         f"({tree_bytes / MIB:.1f} MiB) and a {MARGIN_MIB} MiB margin: raise --limit or --tree-mib")
+        raise ValueError(f"--limit {limit_mib} MiB leaves {budget / MIB:.1f} MiB per batch after the working "
+                         f"tree ({tree_bytes / MIB:.1f} MiB) and a {MARGIN_MIB} MiB margin: raise --limit or "
+                         "--tree-mib")
     return budget
 
 
@@ -149,8 +151,8 @@ def split_file(src: Path, dest: Path, piece: int) -> List[Path]:
 
 
 def pack(out: Path, limit_mib: float = CARRY_LIMIT_MIB, tree_bytes: int = None) -> List[Path]:
-    """``out/wheels/*.whl`` -> ``out/MANIFEST`` and ``out/batch-NN/`` of at most :func:`batch_budget` bytes each
-    (each with a copy of MANIFEST).
+    """``out/wheels/*.whl`` -> ``out/MANIFEST`` and ``out/batch-NN/`` of at most :func:`batch_budget` bytes
+    each (each with a copy of MANIFEST).
 
     Files over the budget are split into parts; pieces are packed largest first into the first batch
     with room. Returns the batch directories, in order.
@@ -191,8 +193,9 @@ def pack(out: Path, limit_mib: float = CARRY_LIMIT_MIB, tree_bytes: int = None) 
         dirs.append(d)
     pieces_dir.rmdir()
     total = sum(s for _, s in read_manifest(manifest).values())
-    print(f"[device_wheels] {len(read_manifest(manifest))} wheels, {total / MIB:.1f} MiB -> {len(dirs)} batches of "
-          f"at most {budget / MIB:.1f} MiB (carry limit {limit_mib} MiB, working tree {tree / MIB:.1f} MiB)")
+    print(f"[device_wheels] {len(read_manifest(manifest))} wheels, {total / MIB:.1f} MiB -> {len(dirs)} "
+          f"batches of at most {budget / MIB:.1f} MiB (carry limit {limit_mib} MiB, working tree "
+          f"{tree / MIB:.1f} MiB)")
     return dirs
 
 
@@ -204,9 +207,10 @@ def receive(batch: Path, stage: Path) -> List[str]:
     if not (batch / "MANIFEST").is_file():
         raise FileNotFoundError(f"{batch}/MANIFEST is missing: was {batch} named in the run's carry?")
     stage.mkdir(parents=True, exist_ok=True)
-    if (stage / "MANIFEST").is_file() and (stage / "MANIFEST").read_bytes() != (batch / "MANIFEST").read_bytes():
-        raise ValueError(f"{batch}/MANIFEST differs from {stage}/MANIFEST: these batches come from two packs; "
-                         f"empty {stage} and carry the batches of one pack")
+    old = stage / "MANIFEST"
+    if old.is_file() and old.read_bytes() != (batch / "MANIFEST").read_bytes():
+        raise ValueError(f"{batch}/MANIFEST differs from {stage}/MANIFEST: these batches come from two "
+                         f"packs; empty {stage} and carry the batches of one pack")
     names = []
     for f in sorted(batch.iterdir()):
         shutil.copyfile(f, stage / f.name)
@@ -245,7 +249,7 @@ def missing(stage: Path) -> List[str]:
 
 
 def join(stage: Path, dest: Path) -> List[Path]:
-    """Every manifest wheel whole in ``dest`` (parts joined in order), each checked against its sha256 and size.
+    """Every manifest wheel whole in ``dest`` (parts joined in order), checked against its sha256 and size.
 
     Raises ValueError naming what is missing or which wheel's digest differs.
     """
@@ -265,19 +269,21 @@ def join(stage: Path, dest: Path) -> List[Path]:
                         shutil.copyfileobj(r, w)
         got = sha256(whole)
         if got != digest or whole.stat().st_size != size:
-            raise ValueError(f"{name}: sha256 {got} ({whole.stat().st_size} bytes) differs from the MANIFEST's "
-                             f"{digest} ({size} bytes): a part was damaged or comes from another pack")
+            raise ValueError(f"{name}: sha256 {got} ({whole.stat().st_size} bytes) differs from the "
+                             f"MANIFEST's {digest} ({size} bytes): a part was damaged or comes from another "
+                             "pack")
         out.append(whole)
     return out
 
 
 def install(stage: Path, target: Path, python: str = None) -> List[Path]:
-    """Join and check (:func:`join`), then install every wheel into ``target`` without network or dependencies."""
+    """Join and check (:func:`join`), then install every wheel into ``target`` (no network, no deps)."""
     wheels = join(stage, stage / "joined")
     cmd = [python or sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
            "--no-cache-dir", "--upgrade", "--find-links", str(stage / "joined"), "--target", str(target)]
     subprocess.run(cmd + [str(w) for w in wheels], check=True)
-    print(f"[device_wheels] {len(wheels)} wheels installed into {target}: export PYTHONPATH={target}:$PYTHONPATH")
+    print(f"[device_wheels] {len(wheels)} wheels installed into {target}: "
+          f"export PYTHONPATH={target}:$PYTHONPATH")
     return wheels
 
 
@@ -295,7 +301,8 @@ def main(argv=None) -> int:
     d.add_argument("--python-version", default="3.12")
     p = sub.add_parser("pack", help="here: batches of at most the carry limit, big files in parts")
     p.add_argument("dir", nargs="?", default=str(REPO / ".wheels"))
-    p.add_argument("--limit", type=float, default=CARRY_LIMIT_MIB, help="carry limit per call, MiB (default 64)")
+    p.add_argument("--limit", type=float, default=CARRY_LIMIT_MIB,
+                   help="carry limit per call, MiB (default 64)")
     p.add_argument("--tree-mib", type=float, default=None,
                    help="MiB of working tree that travels with each call (default: measured with git here)")
     r = sub.add_parser("receive", help="there: copy one carried batch into the stage folder")
@@ -317,8 +324,7 @@ def main(argv=None) -> int:
             tree = None if a.tree_mib is None else int(a.tree_mib * MIB)
             for d_ in pack(Path(a.dir), a.limit, tree):
                 size = sum(f.stat().st_size for f in d_.iterdir())
-                print(f"  {d_.relative_to(Path(a.dir).parent) if d_.is_relative_to(Path(a.dir).parent) else d_}"
-                      f"  {size / MIB:.1f} MiB, {len(list(d_.iterdir())) - 1} pieces")
+                print(f"  {d_}  {size / MIB:.1f} MiB, {len(list(d_.iterdir())) - 1} pieces")
         elif a.step == "receive":
             names = receive(Path(a.batch), Path(a.stage))
             gone = missing(Path(a.stage))

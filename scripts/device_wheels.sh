@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The wheel shuttle: Python packages to a GPU machine without network, in carries under the device tool's limit.
+# The wheel shuttle: Python packages to a GPU machine without network, in carries under the device
+# tool's limit.
 #   here:  bash scripts/device_wheels.sh download; bash scripts/device_wheels.sh pack [--limit MIB]
 #   there: bash scripts/device_wheels.sh receive .wheels/batch-NN STAGE   (one batch per call)
 #          bash scripts/device_wheels.sh install STAGE TARGET            (join, sha256, pip install --target)

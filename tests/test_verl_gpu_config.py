@@ -40,7 +40,7 @@ def host(gpus=4, *extra):
 
 
 def gpu_config(model_dir, *overrides, on=None):
-    """Our config on ``on`` (default: a 4-GPU host with vllm and sglang) -> verl's config, and verl's objects."""
+    """Our config on ``on`` (default: a 4-GPU host with vllm and sglang) -> verl's config and objects."""
     from ragen_turn.engines.verl.config import check_verl_config, to_verl_config
 
     cfg = micro_config([*NODE, f"model.path={model_dir}", *overrides])
@@ -49,18 +49,19 @@ def gpu_config(model_dir, *overrides, on=None):
 
 
 # hand-written: what each rollout gets on the 4-GPU node, with the overrides of each case
+GMU = "engine.verl.gpu_memory_utilization"
 CASES = {
-    "vllm": (["engine.verl.rollout=vllm", "engine.verl.rollout_tp=2", "engine.verl.gpu_memory_utilization=0.6"],
+    "vllm": (["engine.verl.rollout=vllm", "engine.verl.rollout_tp=2", f"{GMU}=0.6"],
              dict(tp=2, gmu=0.6, replicas=2)),
-    "hf": (["engine.verl.rollout=hf", "engine.verl.gpu_memory_utilization=0.4"], dict(tp=1, gmu=0.4, replicas=4)),
-    "sglang": (["engine.verl.rollout=sglang", "engine.verl.rollout_tp=4", "engine.verl.gpu_memory_utilization=0.8"],
+    "hf": (["engine.verl.rollout=hf", f"{GMU}=0.4"], dict(tp=1, gmu=0.4, replicas=4)),
+    "sglang": (["engine.verl.rollout=sglang", "engine.verl.rollout_tp=4", f"{GMU}=0.8"],
                dict(tp=4, gmu=0.8, replicas=1)),
 }
 
 
 @pytest.mark.parametrize("rollout", list(CASES))
 def test_gpu_config_passes_verls_checks_with_the_hand_written_mapping(model_dir, rollout):
-    """cuda defaults (FSDP1, bf16 when asked, 8 agent workers, checkpointing, torch.compile) through verl's classes."""
+    """cuda defaults (FSDP1, bf16 when asked, 8 agent workers, checkpointing, torch.compile), through verl."""
     overrides, want = CASES[rollout]
     vcfg, built = gpu_config(model_dir, *overrides, "dtype=bfloat16", "algo=turn_ppo",
                              "actor_rollout_ref.actor.use_kl_loss=true")
@@ -85,22 +86,26 @@ def test_gpu_config_passes_verls_checks_with_the_hand_written_mapping(model_dir,
     bf16 = {"param_dtype": "bf16", "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
     assert dict(a.fsdp_config.mixed_precision) == bf16 and dict(c.engine.mixed_precision) == bf16
     assert dict(ref.fsdp_config.mixed_precision) == bf16
-    assert a.fsdp_config.use_torch_compile is True and ref.fsdp_config.param_offload is True  # ref offloaded on cuda
+    assert a.fsdp_config.use_torch_compile is True
+    assert ref.fsdp_config.param_offload is True  # the reference model is offloaded on cuda
     assert a.fsdp_config.param_offload is False
     m = built["model"]
     assert m.enable_gradient_checkpointing is True
-    assert vcfg.actor_rollout_ref.model.override_config.attn_implementation == "sdpa"  # no flash-attn on the host
+    # no flash-attn on the host
+    assert vcfg.actor_rollout_ref.model.override_config.attn_implementation == "sdpa"
     assert vcfg.actor_rollout_ref.model.use_remove_padding is False
 
 
 def test_fsdp2_fp32_and_flash_attn_two_nodes(model_dir):
-    """The other values: FSDP2 when asked, fp32 (our default), flash-attn when the host has it, tp across nodes."""
-    vcfg, built = gpu_config(model_dir, "engine.verl.rollout=vllm", "engine.verl.strategy=fsdp2", "trainer.nnodes=2",
+    """The other values: FSDP2 when asked, fp32 (our default), flash-attn on the host, tp over nodes."""
+    vcfg, built = gpu_config(model_dir, "engine.verl.rollout=vllm", "engine.verl.strategy=fsdp2",
+                             "trainer.nnodes=2",
                              "engine.verl.rollout_tp=8", "engine.verl.gradient_checkpointing=false",
                              "engine.verl.agent_num_workers=2", "algo=grpo", "micro_batch_size_per_gpu=1",
                              on=host(4, "flash_attn"))
     a, r = built["actor"], built["rollout"]
-    assert (a.strategy, a.engine.strategy) == ("fsdp2", "fsdp2") and "critic" not in built and "ref" not in built
+    assert (a.strategy, a.engine.strategy) == ("fsdp2", "fsdp2")
+    assert "critic" not in built and "ref" not in built
     assert dict(a.fsdp_config.mixed_precision) == {"param_dtype": "fp32", "reduce_dtype": "fp32",
                                                    "buffer_dtype": "fp32"}
     assert r.dtype == "float32" and r.tensor_model_parallel_size == 8 and r.agent.num_workers == 2
@@ -117,10 +122,11 @@ def test_fsdp2_fp32_and_flash_attn_two_nodes(model_dir):
 
 @pytest.mark.parametrize("overrides,on,match", [
     (["engine.verl.rollout=vllm", "engine.verl.rollout_tp=3"], None, "engine.verl.rollout_tp=3 must divide"),
-    (["engine.verl.rollout=vllm", "trainer.nnodes=3", "es_manager.train.env_groups=12", "ppo_mini_batch_size=12",
-      "micro_batch_size_per_gpu=1", "engine.verl.rollout_tp=6"], None, "rollout_tp=6 spans nodes"),
-    (["engine.verl.rollout=vllm", "engine.verl.gpu_memory_utilization=1.5"], None, "gpu_memory_utilization=1.5"),
-    (["engine.verl.rollout=sglang", "engine.verl.gpu_memory_utilization=0"], None, "gpu_memory_utilization=0"),
+    (["engine.verl.rollout=vllm", "trainer.nnodes=3", "es_manager.train.env_groups=12",
+      "ppo_mini_batch_size=12", "micro_batch_size_per_gpu=1", "engine.verl.rollout_tp=6"], None,
+     "rollout_tp=6 spans nodes"),
+    (["engine.verl.rollout=vllm", f"{GMU}=1.5"], None, "gpu_memory_utilization=1.5"),
+    (["engine.verl.rollout=sglang", f"{GMU}=0"], None, "gpu_memory_utilization=0"),
     (["trainer.n_gpus_per_node=8", "ppo_mini_batch_size=16", "micro_batch_size_per_gpu=1"], "4gpus",
      "trainer.n_gpus_per_node=8 but this machine has 4"),
     (["engine.verl.rollout=vllm"], "no_engines", "vllm is not installed"),
@@ -145,9 +151,11 @@ def test_our_gpu_checks_name_the_key(model_dir, overrides, on, match):
     # verl's ActorConfig.__post_init__ (via validate_config)
     ({"actor_rollout_ref": {"actor": {"ppo_micro_batch_size": 8}}}, ValueError, "ppo_micro_batch_size"),
     # verl's validate_config: check_mutually_exclusive on the rollout's log-prob micro-batches
-    ({"actor_rollout_ref": {"rollout": {"log_prob_micro_batch_size": 8}}}, ValueError, "log_prob_micro_batch_size"),
+    ({"actor_rollout_ref": {"rollout": {"log_prob_micro_batch_size": 8}}}, ValueError,
+     "log_prob_micro_batch_size"),
     # verl's FSDPEngineConfig.__post_init__ (the actor's fsdp_config)
-    ({"actor_rollout_ref": {"actor": {"fsdp_config": {"strategy": "deepspeed"}}}}, AssertionError, "deepspeed"),
+    ({"actor_rollout_ref": {"actor": {"fsdp_config": {"strategy": "deepspeed"}}}}, AssertionError,
+     "deepspeed"),
     # the reference config as verl's actor worker builds it (FSDPActorConfig.__post_init__)
     ({"actor_rollout_ref": {"ref": {"log_prob_micro_batch_size": 8}}}, ValueError, "ref"),
     # engines must tile the workers: verl's data-parallel rollout size multiplies the GPUs per engine
@@ -155,8 +163,8 @@ def test_our_gpu_checks_name_the_key(model_dir, overrides, on, match):
 ], ids=["rollout_mode_sync", "rollout_pp", "actor_both_micro", "rollout_both_micro", "fsdp_strategy",
         "ref_both_micro", "rollout_dp"])
 def test_verls_own_checks_run_on_the_gpu_config(vllm_config, raw, err, match):
-    """Raw verl keys (what ``engine.verl.overrides`` would merge) that verl's classes reject on the mapped GPU config:
-    check_verl_config runs those classes (the unmodified config passes: the first test)."""
+    """Raw verl keys (what ``engine.verl.overrides`` would merge) that verl's classes reject on the mapped GPU
+    config: check_verl_config runs those classes (the unmodified config passes: the first test)."""
     from omegaconf import OmegaConf
 
     from ragen_turn.engines.verl.config import check_verl_config
@@ -184,7 +192,8 @@ def test_check_command_maps_for_the_named_host(model_dir, capsys):
     common = [o for o in NODE if o != "engine=verl"] + [f"model.path={model_dir}", "engine.verl.rollout=vllm"]
     assert main(["--gpus", "4", "--installed", "vllm", *common, "engine.verl.rollout_tp=2"]) == 0
     out = capsys.readouterr().out
-    assert "rollout.name=vllm tensor_model_parallel_size=2 gpu_memory_utilization=0.5 dtype=float32 engines=2" in out
+    want = "rollout.name=vllm tensor_model_parallel_size=2 gpu_memory_utilization=0.5 dtype=float32 engines=2"
+    assert want in out
     assert "actor.strategy=fsdp " in out and "checks passed" in out
     assert main(["--gpus", "4", "--installed", "vllm", *common, "engine.verl.rollout_tp=3"]) == 2
     assert "engine.verl.rollout_tp=3" in capsys.readouterr().err
@@ -192,7 +201,7 @@ def test_check_command_maps_for_the_named_host(model_dir, capsys):
 
 
 def test_hf_server_samples_on_its_workers_gpu():
-    """The hf rollout on a GPU machine: each server on its actor worker's GPU, numbered as the server sees it."""
+    """The hf rollout on a GPU machine: each server on its actor worker's GPU, as the server numbers it."""
     from ragen_turn.engines.verl.hf_rollout import server_device
 
     assert server_device(["0"], None, cuda=False) == "cpu"  # the CPU platform: a logical Ray GPU slot

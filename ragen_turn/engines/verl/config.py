@@ -38,7 +38,8 @@ class Host:
     """The machine verl will run on, as far as the mapping needs it: CUDA devices and optional packages.
 
     :meth:`this_machine` probes the running process (what ``launch`` uses). A test, or a check of a GPU
-    config on a machine without a GPU, passes another: ``Host(cuda_devices=8, installed=frozenset({"vllm"}))``.
+    config on a machine without a GPU, passes another:
+    ``Host(cuda_devices=8, installed=frozenset({"vllm"}))``.
     """
 
     cuda_devices: int                      # visible CUDA devices (0: no GPU)
@@ -72,7 +73,7 @@ class Placement:
 
 
 def resolve_placement(cfg: DictConfig, host: Optional[Host] = None) -> Placement:
-    """``engine.verl.device`` (auto: cuda when ``host`` has a GPU, else cpu) and the defaults that follow from it.
+    """``engine.verl.device`` (auto: cuda when ``host`` has a GPU, else cpu) and the defaults that follow.
 
     ``host`` defaults to :meth:`Host.this_machine`. Raises ValueError naming the key for an unknown device /
     rollout / strategy, cuda without a GPU, vllm or sglang on cpu or not installed, FSDP1 on cpu, more GPUs
@@ -110,8 +111,9 @@ def resolve_placement(cfg: DictConfig, host: Optional[Host] = None) -> Placement
     if n < 1 or nnodes < 1:
         raise ValueError(f"trainer.n_gpus_per_node ({n}) and trainer.nnodes ({nnodes}) must be >= 1 for engine=verl")
     if device == "cuda" and nnodes == 1 and n > host.cuda_devices:
-        raise ValueError(f"trainer.n_gpus_per_node={n} but this machine has {host.cuda_devices} GPU(s): Ray would "
-                         f"wait for GPUs that never come; set trainer.n_gpus_per_node<={host.cuda_devices} (or null)")
+        raise ValueError(f"trainer.n_gpus_per_node={n} but this machine has {host.cuda_devices} GPU(s): Ray "
+                         f"would wait for GPUs that never come; set trainer.n_gpus_per_node<="
+                         f"{host.cuda_devices} (or null)")
     if device == "cpu" and nnodes != 1:
         raise ValueError("engine.verl.device=cpu runs on this machine only: trainer.nnodes must be 1")
     workers = v.get("agent_num_workers")
@@ -178,16 +180,17 @@ def check_ragen_config(cfg: DictConfig, host: Optional[Host] = None) -> Placemen
         raise ValueError(f"engine.verl.rollout=hf runs one server per worker: engine.verl.rollout_tp must be 1, "
                          f"got {v.rollout_tp}")
     if tp < 1 or p.world_size % tp:
-        raise ValueError(f"engine.verl.rollout_tp={tp} must divide the FSDP workers (trainer.n_gpus_per_node x "
-                         f"trainer.nnodes = {p.world_size}): verl runs world_size / rollout_tp rollout engines "
-                         f"of rollout_tp GPUs each; e.g. engine.verl.rollout_tp={math.gcd(max(tp, 1), p.world_size)}")
+        raise ValueError(f"engine.verl.rollout_tp={tp} must divide the FSDP workers (trainer.n_gpus_per_node "
+                         f"x trainer.nnodes = {p.world_size}): verl runs world_size / rollout_tp rollout "
+                         f"engines of rollout_tp GPUs each; e.g. "
+                         f"engine.verl.rollout_tp={math.gcd(max(tp, 1), p.world_size)}")
     if tp > p.n_gpus_per_node and tp % p.n_gpus_per_node:
-        raise ValueError(f"engine.verl.rollout_tp={tp} spans nodes: it must be a multiple of trainer.n_gpus_per_node "
-                         f"({p.n_gpus_per_node})")
+        raise ValueError(f"engine.verl.rollout_tp={tp} spans nodes: it must be a multiple of "
+                         f"trainer.n_gpus_per_node ({p.n_gpus_per_node})")
     gmu = float(v.gpu_memory_utilization)
     if p.rollout != "hf" and not 0 < gmu <= 1:
-        raise ValueError(f"engine.verl.gpu_memory_utilization={gmu} must be in (0, 1]: the share of each GPU's "
-                         f"memory {p.rollout} may take for weights and KV cache")
+        raise ValueError(f"engine.verl.gpu_memory_utilization={gmu} must be in (0, 1]: the share of each "
+                         f"GPU's memory {p.rollout} may take for weights and KV cache")
     pl = cfg.actor_rollout_ref.actor.policy_loss
     from ragen_turn.algos import needs_minibatch_stats
 
@@ -247,7 +250,8 @@ def ray_resources(p: Placement, num_cpus: Optional[int] = None) -> Dict[str, Any
     return {"num_cpus": int(num_cpus) if num_cpus else max(need, os.cpu_count() or 1), "num_gpus": p.world_size}
 
 
-def to_verl_config(cfg: DictConfig, model_path: Optional[str] = None, host: Optional[Host] = None) -> DictConfig:
+def to_verl_config(cfg: DictConfig, model_path: Optional[str] = None,
+                   host: Optional[Host] = None) -> DictConfig:
     """Map our resolved config onto verl's. ``model_path`` defaults to ``model.path`` / ``model_path``.
 
     ``host``: the machine the run is for (default: this one; see :class:`Host`).
@@ -333,7 +337,7 @@ def to_verl_config(cfg: DictConfig, model_path: Optional[str] = None, host: Opti
                 "top_p": float(r.top_p),
                 "tensor_model_parallel_size": int(v.rollout_tp),
                 "gpu_memory_utilization": float(v.gpu_memory_utilization),
-                "dtype": str(cfg.dtype),  # the rollout engine samples in the actor's dtype (verl's default: bf16)
+                "dtype": str(cfg.dtype),  # sampling in the actor's dtype (verl's default: bf16)
                 "log_prob_micro_batch_size_per_gpu": mb,
                 "calculate_log_probs": True,
                 "val_kwargs": {"temperature": float(r.val_temperature), "do_sample": float(r.val_temperature) > 0,
@@ -435,8 +439,8 @@ def check_verl_config(vcfg: DictConfig) -> Dict[str, Any]:
 
 
 def reference_section(vcfg: DictConfig) -> DictConfig:
-    """``actor_rollout_ref.ref`` as verl's ``ActorRolloutRefWorker.init_model`` hands it to ``FSDPActorConfig``:
-    the actor's mini-batch size, the ``log_prob_*`` keys under the ``ppo_*`` names."""
+    """``actor_rollout_ref.ref`` as verl's ``ActorRolloutRefWorker.init_model`` hands it to
+    ``FSDPActorConfig``: the actor's mini-batch size, the ``log_prob_*`` keys under the ``ppo_*`` names."""
     ref = OmegaConf.create(OmegaConf.to_container(vcfg.actor_rollout_ref.ref, resolve=True))
     with open_dict(ref):
         ref.ppo_mini_batch_size = vcfg.actor_rollout_ref.actor.ppo_mini_batch_size
@@ -460,9 +464,10 @@ def rollout_replicas(vcfg: DictConfig, rollout: Any, model: Any) -> list:
             raise NotImplementedError("a replica built to check its config only")
 
     world = int(vcfg.trainer.n_gpus_per_node) * int(vcfg.trainer.nnodes)
-    per_engine = rollout.tensor_model_parallel_size * rollout.data_parallel_size * rollout.pipeline_model_parallel_size
+    per_engine = (rollout.tensor_model_parallel_size * rollout.data_parallel_size
+                  * rollout.pipeline_model_parallel_size)
     if per_engine < 1 or world % per_engine:
-        raise ValueError(f"a rollout engine spans {per_engine} GPUs (engine.verl.rollout_tp x verl's data and "
-                         f"pipeline parallel sizes), which must divide the {world} FSDP workers")
+        raise ValueError(f"a rollout engine spans {per_engine} GPUs (engine.verl.rollout_tp x verl's data "
+                         f"and pipeline parallel sizes), which must divide the {world} FSDP workers")
     return [ConfigOnlyReplica(replica_rank=r, config=vcfg.actor_rollout_ref.rollout, model_config=model,
                               gpus_per_node=int(rollout.n_gpus_per_node)) for r in range(world // per_engine)]

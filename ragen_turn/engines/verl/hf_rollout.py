@@ -170,7 +170,8 @@ def server_device(gpu_ids: Sequence[str], visible: Optional[str], cuda: bool) ->
     if order is None:
         return f"cuda:{int(gid)}"
     if gid not in order:
-        raise ValueError(f"the actor worker's GPU {gid} is not among this process's CUDA_VISIBLE_DEVICES={visible}")
+        raise ValueError(f"the actor worker's GPU {gid} is not among this process's "
+                         f"CUDA_VISIBLE_DEVICES={visible}")
     return f"cuda:{order.index(gid)}"
 
 
@@ -206,10 +207,12 @@ class HFServer:
         self.model_config = omega_conf_to_dataclass(model_config, dataclass_type=HFModelConfig)
         self.replica_rank = int(replica_rank)
         # on a GPU machine the server shares its actor worker's GPU; on the CPU platform it stays on cpu
-        self.device = server_device(gpu_ids, os.environ.get("CUDA_VISIBLE_DEVICES"), torch.cuda.is_available())
+        self.device = server_device(gpu_ids, os.environ.get("CUDA_VISIBLE_DEVICES"),
+                                    torch.cuda.is_available())
         self.model = AutoModelForCausalLM.from_pretrained(
-            self.model_config.local_path, dtype=getattr(torch, str(self.config.dtype)), attn_implementation="sdpa",
-            trust_remote_code=self.model_config.trust_remote_code).to(self.device).eval()
+            self.model_config.local_path, dtype=getattr(torch, str(self.config.dtype)),
+            attn_implementation="sdpa", trust_remote_code=self.model_config.trust_remote_code,
+        ).to(self.device).eval()
         logger.warning("hf rollout server %d samples on %s", self.replica_rank, self.device)
         self.tokenizer = self.model_config.tokenizer
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
