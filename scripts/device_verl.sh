@@ -40,8 +40,9 @@ else
   HOST=()                                           # this machine
 fi
 # shellcheck disable=SC2206  # EXTRA is a list of overrides
+# both engines evaluate after the last step whatever test_freq says: 8 held-out groups keep that short
 COMMON=(env=sokoban algo=turn_ppo trainer.total_training_steps="$STEPS" trainer.test_freq=0
-        trainer.save_freq=0 trainer.val_before_train=false trainer.overwrite=true "${SIZE[@]}" ${EXTRA:-})
+        trainer.save_freq=0 trainer.val_before_train=false es_manager.val.env_groups=8 trainer.overwrite=true "${SIZE[@]}" ${EXTRA:-})
 VERL=(engine=verl engine.verl.device="$DEV" engine.verl.rollout=hf device="$DEV")
 LOCAL=(engine=local device="$DEV")
 SMOL=(model=smollm2-135m)
