@@ -163,21 +163,69 @@ def test_resume_point_when_latest_is_missing_empty_garbage_incomplete_or_older(t
         _fake_checkpoint(ckpts, s)
     said = []
     assert ckpt.resume_point(ckpts, log=said.append).name == "step_000002" and not said
-    cases = {"": "missing or empty", "garbage\n": "not a complete checkpoint", "step_000001\n": "older"}
+    cases = {"": "latest is empty", "garbage\n": "holds 8 bytes that name no checkpoint (garbage)",
+             "step_000009\n": "names 'step_000009', which is not a complete checkpoint (missing)",
+             os.urandom(300).replace(b"\n", b"x").decode("latin-1"): "holds 300 bytes that name no checkpoint",
+             "step_000001\n": "older"}
     for text, why in cases.items():
-        (ckpts / "latest").write_text(text)  # what a crash of the old non-atomic write could leave
+        (ckpts / "latest").write_bytes(text.encode("latin-1"))  # what a crash of a non-atomic write could leave
         said.clear()
         assert ckpt.resume_point(ckpts, log=said.append).name == "step_000002"
         assert why in said[0] and "resuming from step_000002" in said[0], said
     (ckpts / "latest").unlink()
     said.clear()
-    assert ckpt.resume_point(ckpts, log=said.append).name == "step_000002" and "missing" in said[0]
+    assert ckpt.resume_point(ckpts, log=said.append).name == "step_000002" and "latest is missing" in said[0]
     # the newest dir lost a file (a half-deleted dir of an older version): the one before is used
     (ckpts / "latest").write_text("step_000002\n")
     (ckpts / "step_000002" / "trainer_state.pt").unlink()
     said.clear()
     assert ckpt.resume_point(ckpts, log=said.append).name == "step_000001"
     assert "trainer_state.pt is missing" in said[0]
+
+
+def test_a_checkpoint_file_corrupted_at_the_same_size_fails_its_checksum_and_the_one_before_is_used(tmp_path):
+    """issue #47 finding 5: trainer_state.pt with zeroed bytes (same size) used to end the resume with torch's
+    ``KeyError: "filename 'storages' not found"``; complete.json holds each file's sha256 and the resume says
+    which file of which checkpoint is corrupt and goes back to the newest that verifies."""
+    ckpts = tmp_path / "checkpoints"
+    for s in (1, 2):
+        _fake_checkpoint(ckpts, s)
+    state = ckpts / "step_000002" / "trainer_state.pt"
+    state.write_bytes(bytes(state.stat().st_size))
+    assert ckpt.incomplete_reason(ckpts / "step_000002") is None  # sizes match: only the checksum sees it
+    said = []
+    assert ckpt.resume_point(ckpts, log=said.append).name == "step_000001"
+    assert "step_000002" in said[0] and "trainer_state.pt does not match its sha256" in said[0], said
+    assert "resuming from step_000001" in said[-1], said
+    with pytest.raises(FileNotFoundError, match="trainer_state.pt does not match its sha256"):
+        ckpt.find(ckpts, "step_000002", verify=True)
+
+
+def test_a_local_resume_from_a_corrupt_checkpoint_loads_the_one_before(tmp_path):
+    """The local trainer end to end: step 2's trainer_state.pt zeroed; the resume says so, loads step 1, and a
+    checkpoint without checksums (an older manifest) that fails to load is passed over the same way."""
+    from ragen_turn.engines.local.trainer import build_trainer
+
+    common = ["algo=grpo", "trainer.save_freq=1", "trainer.keep_checkpoints=0", "trainer.test_freq=0",
+              "trainer.val_before_train=false"]
+    build_trainer(micro_config(common + ["trainer.total_training_steps=3"], run_dir=tmp_path),
+                  log=lambda *_: None).fit()
+    ckpts = tmp_path / "checkpoints"
+    state = ckpts / "step_000003" / "trainer_state.pt"
+    state.write_bytes(bytes(state.stat().st_size))
+    manifest = ckpts / "step_000002" / ckpt.MANIFEST  # step 2: an older manifest (no sha256), a corrupt file
+    doc = json.loads(manifest.read_text())
+    del doc["sha256"]
+    manifest.write_text(json.dumps(doc))
+    state = ckpts / "step_000002" / "trainer_state.pt"
+    state.write_bytes(bytes(state.stat().st_size))
+    said = []
+    tr = build_trainer(micro_config(common + ["trainer.total_training_steps=3", "trainer.resume=true"],
+                                    run_dir=tmp_path), log=said.append)
+    assert tr.step == 1, said
+    text = "\n".join(said)
+    assert "step_000003 is not loadable: trainer_state.pt does not match its sha256" in text, text
+    assert "step_000002 failed to load" in text and "resumed from" in text and "step_000001" in said[-1], text
 
 
 def test_clean_removes_staging_deletion_and_incomplete_dirs_and_keeps_complete_ones(tmp_path):

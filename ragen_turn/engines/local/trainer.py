@@ -646,18 +646,44 @@ class StarPOTrainer:
                          + ", ".join(f"{k} {old} -> {new}" for k, (old, new) in changed.items()))
 
     def load_checkpoint(self) -> bool:
-        """Resume: ``trainer.resume_from`` when set, else the newest complete checkpoint (``latest`` is read first;
-        a missing, empty or stale one is said and passed over). Checkpoints after the loaded step are removed."""
+        """Resume: ``trainer.resume_from`` when set, else the newest complete checkpoint whose files match their
+        sha256 (``latest`` is read first; a missing, empty, garbage or stale one is said and passed over); one that
+        fails its checksum or its load is said and the next older one tried. Checkpoints after the loaded step
+        are removed."""
         name = self.cfg.trainer.get("resume_from")
-        path = ckpt.find(self.ckpt_dir, name) if name else ckpt.resume_point(self.ckpt_dir, log=self.log)
-        if path is None:
-            self.log(f"[ragen_turn] trainer.resume=true but no checkpoint in {self.ckpt_dir}: starting fresh")
-            return False
+        if name:
+            path = ckpt.find(self.ckpt_dir, name, verify=True)
+            self._load_state(path)
+        else:
+            tried: tuple = ()
+            while True:
+                path = ckpt.resume_point(self.ckpt_dir, log=self.log, skip=tried)
+                if path is None:
+                    if ckpt.step_dirs(self.ckpt_dir):
+                        raise FileNotFoundError(
+                            f"trainer.resume=true: no checkpoint in {self.ckpt_dir} loads (see the lines above); "
+                            "trainer.overwrite=true starts the run over")
+                    self.log(f"[ragen_turn] trainer.resume=true but no checkpoint in {self.ckpt_dir}: starting fresh")
+                    return False
+                try:
+                    self._load_state(path)
+                    break
+                except Exception as e:  # a file the checksum did not catch (no sha256 in its manifest)
+                    self.log(f"[ragen_turn] checkpoint {path} failed to load ({type(e).__name__}: "
+                             f"{str(e).strip()[:200]}); trying an older one")
+                    tried += (path.name,)
+        ckpt.drop_after(self.ckpt_dir, self.step, log=self.log)
+        self.unconfirmed = path
+        self.log(f"[ragen_turn] resumed from {path} at step {self.step}")
+        return True
+
+    def _load_state(self, path: Path) -> None:
+        """Weights, optimizer moments, step and RNG states from checkpoint directory ``path``."""
         from transformers import AutoModelForCausalLM
 
         loaded = AutoModelForCausalLM.from_pretrained(path / "actor", dtype=self.dtype, local_files_only=True)
-        self.actor.load_state_dict(loaded.state_dict())
         state = torch.load(path / "trainer_state.pt", weights_only=False)
+        self.actor.load_state_dict(loaded.state_dict())
         self._load_optimizer(self.actor_optim, state["actor_optim"], "actor")
         if self.shared_critic:
             self.critic.load_value_head(path / "critic")
@@ -670,10 +696,6 @@ class StarPOTrainer:
         random.setstate(state["rng"]["python"])
         np.random.set_state(state["rng"]["numpy"])
         torch.set_rng_state(state["rng"]["torch"])
-        ckpt.drop_after(self.ckpt_dir, self.step, log=self.log)
-        self.unconfirmed = path
-        self.log(f"[ragen_turn] resumed from {path} at step {self.step}")
-        return True
 
 
 def warmup_lr_factor(optim_cfg, index: int, total_steps: int) -> float:
