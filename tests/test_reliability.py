@@ -470,6 +470,46 @@ def test_a_full_disk_names_the_file_and_the_checkpoint_to_resume_from(tmp_path, 
     assert resumed.step == 1
 
 
+def test_a_full_disk_in_safetensors_at_the_first_checkpoint_says_so(tmp_path, monkeypatch):
+    """issue #47 finding 5: safetensors reports a full disk as ``SafetensorError`` (no OSError, no errno): it is
+    read as a full disk too, the partial checkpoint is removed and the message says none was written."""
+    import transformers.modeling_utils as mu
+    from safetensors import SafetensorError
+
+    from ragen_turn.engines.local.trainer import build_trainer
+
+    def full(tensors, filename, *a, **k):
+        Path(filename).write_bytes(b"partial")
+        raise SafetensorError('Error while serializing: I/O error: No space left on device (os error 28)')
+
+    monkeypatch.setattr(mu, "safe_save_file", full)
+    tr = build_trainer(micro_config(["algo=grpo", "trainer.total_training_steps=1", "trainer.save_freq=1"],
+                                    run_dir=tmp_path), log=lambda *_: None)
+    with pytest.raises(DiskFull) as e:
+        tr.fit()
+    msg = str(e.value)
+    assert msg.startswith("no space left on device while writing ") and "actor" in msg, msg
+    assert "SafetensorError" in msg and "No checkpoint was written" in msg, msg
+    assert not list((tmp_path / "checkpoints").iterdir())  # the partial copy is gone
+
+
+@pytest.mark.parametrize("err", [OSError(errno.EDQUOT, "Disk quota exceeded"),
+                                 RuntimeError("ray.exceptions.RayTaskError(OSError): ... [Errno 28] No space left "
+                                              "on device: '/run/global_step_3/actor/model.pt'")])
+def test_a_full_disk_from_any_writer_is_a_disk_full(tmp_path, err):
+    from ragen_turn.engines.rundir import writing
+
+    with pytest.raises(DiskFull, match="no space left on device while writing"):
+        with writing(tmp_path / "x"):
+            raise err
+    try:  # also when the words are only in the cause (an error wrapping another)
+        raise ValueError("save failed") from err
+    except ValueError as wrapped:
+        with pytest.raises(DiskFull):
+            with writing(tmp_path / "x"):
+                raise wrapped
+
+
 def test_a_full_disk_while_logging_metrics_says_so(tmp_path, monkeypatch):
     from ragen_turn.engines import runlog
 
@@ -494,6 +534,54 @@ def test_other_write_errors_are_not_called_a_full_disk(tmp_path):
     with pytest.raises(PermissionError):
         with writing(tmp_path / "x"):
             raise PermissionError(errno.EACCES, "Permission denied")
+
+
+# ------------------------------------------------------------------------------------------------ named faults
+def _train_cli(tmp_path, *args, env=None):
+    run_dir = tmp_path / "run"
+    return subprocess.run([sys.executable, "-m", "ragen_turn.train", *args, f"trainer.default_local_dir={run_dir}"],
+                          capture_output=True, text=True, timeout=180, env={**os.environ, **(env or {})},
+                          cwd=str(Path(__file__).resolve().parent.parent)), run_dir
+
+
+@pytest.mark.parametrize("body,said", [
+    ("x = 1\ndef broken(:\n    pass\n", "has a syntax error: invalid syntax ({file}, line 2"),
+    ("import json\nraise RuntimeError('no licence key')\n",
+     "failed while being imported: RuntimeError: no licence key ({file}, line 2)"),
+    ("import no_such_dependency_xyz\n", "failed while being imported: ModuleNotFoundError: No module named "
+                                        "'no_such_dependency_xyz' ({file}, line 1)"),
+])
+def test_an_env_module_that_fails_on_import_is_one_error_line(tmp_path, body, said):
+    """issue #47 finding 5: an env_module that raises on import or has a SyntaxError used to end with rc 1 and
+    a traceback (only ModuleNotFoundError of the module itself was caught): one `error:` line naming the module,
+    the error and where, exit code 2, nothing left behind."""
+    mod = tmp_path / "mods" / "broken_env_mod.py"
+    mod.parent.mkdir()
+    mod.write_text(body)
+    p, run_dir = _train_cli(tmp_path, "env=sokoban", "algo=grpo", "env_module=broken_env_mod",
+                            env={"PYTHONPATH": str(mod.parent)})
+    assert p.returncode == 2, p.stderr[-2000:]
+    lines = [x for x in p.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: env_module='broken_env_mod' "), p.stderr
+    assert said.format(file=mod) in lines[0], lines[0]
+    assert not run_dir.exists()
+
+
+def test_a_malformed_config_yaml_is_one_error_line_with_file_line_and_column(tmp_path):
+    """issue #47 finding 5: a malformed config/**/*.yaml used to stop with Hydra's 95-line traceback."""
+    import shutil
+
+    conf = tmp_path / "config"
+    shutil.copytree(Path(__file__).resolve().parent.parent / "config", conf)
+    bad = conf / "algo" / "grpo.yaml"
+    n = len(bad.read_text().splitlines())
+    bad.write_text(bad.read_text() + "foo: [1, 2\nbar: 3\n")
+    p, run_dir = _train_cli(tmp_path, "--config-path", str(conf), "env=sokoban", "algo=grpo")
+    assert p.returncode == 2, p.stderr[-2000:]
+    lines = [x for x in p.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1, p.stderr
+    assert lines[0].startswith(f"error: {bad}, line {n + 2}, column 4: malformed YAML"), lines[0]
+    assert "expected ',' or ']'" in lines[0] and not run_dir.exists()
 
 
 # ------------------------------------------------------------------------------------------------ metrics log

@@ -10,7 +10,8 @@ a crash, and the disk-full error.
 - :func:`atomic_write_text`: temp file, fsync, rename, fsync of the directory: a reader sees the old text or
   the new, never an empty or torn file.
 - :func:`writing`: turns a failed write on a full disk into ``DiskFull("no space left on device while writing
-  <path>")`` (torch's zip writer reports it as ``unexpected pos ...``, without the errno).
+  <path>")``, whichever writer reports it (torch's zip writer says ``unexpected pos ...`` without the errno,
+  safetensors raises a ``SafetensorError`` that is no ``OSError``; :func:`is_disk_full`).
 - :func:`clear_earlier_run` (``trainer.overwrite=true``) deletes what an earlier run left (:func:`take_run_dir`: the
   check, then that, what both engines' trainers call first); :func:`remove_if_unused`
   deletes a run directory that a command refused before its first step left with nothing of a run in it.
@@ -87,21 +88,40 @@ def _free_bytes(path: PathLike) -> Optional[int]:
 FULL_BELOW_BYTES = 64 << 20  # a write error with less free space than this is read as a full disk
 
 
+_FULL_WORDS = ("no space left on device", "disk quota exceeded", "os error 28", "os error 122",
+               "errno 28", "errno 122")
+
+
+def is_disk_full(e: BaseException) -> bool:
+    """``e`` says the device is full: ``OSError`` ENOSPC / EDQUOT, or a writer that keeps only the words
+    (safetensors' ``SafetensorError: ... No space left on device (os error 28)``, an error passed on by a Ray
+    worker), anywhere in its chain of causes."""
+    seen = 0
+    while e is not None and seen < 8:
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if any(w in str(e).lower() for w in _FULL_WORDS):
+            return True
+        e, seen = e.__cause__ or e.__context__, seen + 1
+    return False
+
+
 @contextlib.contextmanager
 def writing(path: PathLike) -> Iterator[None]:
-    """Run a write of ``path``; a full disk comes out as :class:`DiskFull` naming ``path``."""
+    """Run a write of ``path``; a full disk comes out as :class:`DiskFull` naming ``path``, whichever writer
+    reports it (``OSError``, safetensors' ``SafetensorError``, torch's zip writer, json, a Ray worker's error)."""
     try:
         yield
     except DiskFull:
         raise
-    except OSError as e:
-        if e.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise DiskFull(path) from e
-        raise
-    except RuntimeError as e:  # torch.save's zip writer: "unexpected pos ..." / "file write failed", errno lost
-        free = _free_bytes(path)
-        if free is not None and free < FULL_BELOW_BYTES:
-            raise DiskFull(path, f" ({free} bytes free; {type(e).__name__}: {str(e).strip()[:200]})") from e
+    except Exception as e:
+        if is_disk_full(e):
+            raise DiskFull(path, f" ({type(e).__name__}: {str(e).strip().splitlines()[-1][:200]})"
+                           if not isinstance(e, OSError) else "") from e
+        if isinstance(e, RuntimeError):  # torch.save's zip writer: "unexpected pos ..." / "file write failed"
+            free = _free_bytes(path)
+            if free is not None and free < FULL_BELOW_BYTES:
+                raise DiskFull(path, f" ({free} bytes free; {type(e).__name__}: {str(e).strip()[:200]})") from e
         raise
 
 
