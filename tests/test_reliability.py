@@ -294,6 +294,34 @@ def test_a_blow_up_keeps_a_good_checkpoint_and_names_it(tmp_path):
     assert all(torch.isfinite(p).all() for p in back.actor.parameters())
 
 
+def test_an_update_that_blows_the_weights_up_is_put_back_and_the_run_stops_naming_last_good(tmp_path):
+    """issue #47 finding 6: lr=1e30 passes the config check and step 1's loss and gradient are finite, but the
+    weights reach 1e30 and the next rollout's sampler dies in torch.multinomial, with ``latest`` holding the
+    poisoned weights. Now the weights are part of the soundness check: the update is put back (weights and
+    optimizer state), its checkpoint is the previous weights, last_good is kept and the run stops naming it."""
+    from ragen_turn.engines.local.trainer import build_trainer
+    from ragen_turn.engines.rundir import TrainingStopped
+
+    common = ["algo=turn_ppo", "trainer.save_freq=1", "trainer.keep_checkpoints=2",
+              "trainer.max_nonfinite_steps=2", "trainer.test_freq=0", "trainer.val_before_train=false"]
+    build_trainer(micro_config(common + ["trainer.total_training_steps=2"], run_dir=tmp_path),
+                  log=lambda *_: None).fit()
+    said = []
+    tr = build_trainer(micro_config(common + ["actor_rollout_ref.actor.optim.lr=1e30", "trainer.resume=true",
+                                              "trainer.total_training_steps=6"], run_dir=tmp_path), log=said.append)
+    start = _params(tr.actor)
+    with pytest.raises(TrainingStopped) as e:
+        tr.fit()
+    assert all(torch.equal(a, b) for a, b in zip(start, _params(tr.actor))), "\n".join(said)  # every update was put back
+    assert "step 3: the update left unsound weights (actor weights moved by" in "\n".join(said), said
+    good = ckpt.last_good(tmp_path / "checkpoints")
+    assert good is not None and good.name == "step_000001"
+    assert "2 steps in a row" in str(e.value) and "resume_from=last_good" in str(e.value)
+    rows = read_metrics(tmp_path / "metrics.jsonl")  # step 4 stopped the run before its line
+    assert [r["step"] for r in rows] == [1, 2, 3] and rows[2]["actor/weights_unsound"] == 1.0
+    assert rows[1]["actor/weights_unsound"] == 0.0 and rows[1]["actor/weights_update_rel"] < 0.1
+
+
 def _params(model):
     return [p.detach().clone() for p in model.parameters()]
 

@@ -455,6 +455,72 @@ class StarPOTrainer:
             self.nonfinite_in_a_row = 0
         return metrics
 
+    # -------------------------------------------------------------------------------- weights' soundness
+    MAX_RELATIVE_UPDATE = 1.0  # an update moving a model's weights by more than their own norm is a blow-up
+
+    def _trained_modules(self) -> Dict[str, torch.nn.Module]:
+        mods = {"actor": self.actor}
+        if self.critic is not None:
+            mods["critic"] = self.critic.value_head if self.shared_critic else self.critic
+        return mods
+
+    def sound_update(self, batch: Trajectory) -> Dict[str, float]:
+        """:meth:`update`, then the weights are part of the soundness check: an update that leaves non-finite
+        weights, or moves a model's weights by more than :data:`MAX_RELATIVE_UPDATE` times their norm (a finite
+        blow-up, e.g. lr=1e30: the loss and gradient are finite, the weights reach 1e30 and the next rollout's
+        sampling distribution is not finite) is treated like a non-finite loss: the weights and optimizer states
+        are put back, the checkpoint before is not confirmed (``last_good`` stays), and the step counts toward
+        ``trainer.max_nonfinite_steps``. Costs a copy of the weights and optimizer states (on the CPU) per step.
+        Metrics: ``<model>/weights_update_rel`` (||w_after - w_before|| / ||w_before||)."""
+        mods = self._trained_modules()
+        optims = [o for o in (self.actor_optim, self.critic_optim) if o is not None]
+        before = {k: {n: t.detach().to("cpu", copy=True) for n, t in m.state_dict().items()} for k, m in mods.items()}
+        optim_before = [copy.deepcopy(o.state_dict()) for o in optims]
+        in_a_row = self.nonfinite_in_a_row
+
+        def put_back() -> None:
+            for k, m in mods.items():
+                m.load_state_dict(before[k])
+            for o, state in zip(optims, optim_before):
+                o.load_state_dict(state)
+
+        try:
+            metrics = self.update(batch)
+        except TrainingStopped:  # stopped by a skipped update: the weights it left are not kept either
+            put_back()
+            raise
+        bad = []
+        for k, m in mods.items():
+            num = den = 0.0
+            finite = True
+            for n, t in m.state_dict().items():
+                if not t.is_floating_point():
+                    continue
+                a, b = t.detach().double().cpu(), before[k][n].double()  # 1e30 ** 2 overflows float32
+                finite = finite and bool(torch.isfinite(a).all())
+                num += float((a - b).pow(2).sum())
+                den += float(b.pow(2).sum())
+            rel = (num ** 0.5) / max(den ** 0.5, 1e-12) if finite else float("inf")
+            metrics[f"{k}/weights_update_rel"] = rel
+            if not finite:
+                bad.append(f"{k} weights not finite")
+            elif not rel <= self.MAX_RELATIVE_UPDATE:
+                bad.append(f"{k} weights moved by {rel:.3g} x their norm")
+        metrics["actor/weights_unsound"] = float(bool(bad))
+        if not bad:
+            return metrics
+        put_back()
+        self.nonfinite_in_a_row = in_a_row + 1
+        self.log(f"[warn] step {self.step + 1}: the update left unsound weights ({'; '.join(bad)}): "
+                 "weights and optimizer states put back")
+        if self.nonfinite_in_a_row >= self.cfg.trainer.max_nonfinite_steps:
+            lr = self.cfg.actor_rollout_ref.actor.optim.lr
+            raise TrainingStopped(f"unsound updates (non-finite or exploding weights, non-finite or rolled-back "
+                                  f"updates) in {self.nonfinite_in_a_row} steps in a row (trainer.max_nonfinite_steps="
+                                  f"{self.cfg.trainer.max_nonfinite_steps}); lower the learning rate "
+                                  f"(actor_rollout_ref.actor.optim.lr={lr}). {self.checkpoint_note()}")
+        return metrics
+
     # -------------------------------------------------------------------------------- one step
     def train_step(self) -> Dict[str, float]:
         t0 = time.time()
@@ -485,7 +551,7 @@ class StarPOTrainer:
                                       f"check the rewards. {self.checkpoint_note()}")
         else:
             t1 = time.time()
-            metrics.update(self.update(batch))
+            metrics.update(self.sound_update(batch))  # update() with the weights' soundness check
             metrics["perf/update_s"] = time.time() - t1
         dt = time.time() - t0
         metrics["perf/rollout_s"] = t_roll
