@@ -564,6 +564,36 @@ def test_other_write_errors_are_not_called_a_full_disk(tmp_path):
             raise PermissionError(errno.EACCES, "Permission denied")
 
 
+# ------------------------------------------------------------------------------------------------ resume config
+def test_a_resume_that_trains_something_else_is_refused_naming_the_keys(tmp_path):
+    """issue #47 finding 7: a grpo resume into a turn_ppo run used to exit 0, mixing both in metrics.jsonl and
+    overwriting config.yaml. Now refused naming the keys (before any work); trainer.overwrite=true lets it, and
+    configs.jsonl keeps one entry per start or resume (config.yaml is the latest)."""
+    from ragen_turn.engines.local.trainer import build_trainer
+
+    common = ["trainer.save_freq=1", "trainer.test_freq=0", "trainer.val_before_train=false"]
+    build_trainer(micro_config(common + ["algo=turn_ppo", "trainer.total_training_steps=1"], run_dir=tmp_path),
+                  log=lambda *_: None).fit()
+    resume = common + ["algo=grpo", "trainer.total_training_steps=2", "trainer.resume=true", "seed=3"]
+    with pytest.raises(ValueError) as e:
+        build_trainer(micro_config(resume, run_dir=tmp_path), log=lambda *_: None)
+    msg = str(e.value)
+    assert "algo.name: turn_ppo -> grpo" in msg and "seed: 0 -> 3" in msg and "trainer.overwrite=true" in msg, msg
+    assert "algorithm.adv_estimator: turn_gae -> grpo" in msg and str(tmp_path / "config.yaml") in msg
+    assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [1]  # nothing was touched
+    # the same through the train command: exit 2, one line, before any work
+    lock_run_dir(tmp_path).release()  # this process's trainers held it
+    p = subprocess.run([sys.executable, "-m", "ragen_turn.train", "env=sokoban", "algo=grpo", "model=tiny",
+                        f"trainer.default_local_dir={tmp_path}", "trainer.resume=true"],
+                       capture_output=True, text=True, timeout=180)
+    assert p.returncode == 2 and "error: trainer.resume=true: this config trains something else" in p.stderr, \
+        p.stderr[-2000:]
+    build_trainer(micro_config(resume + ["trainer.overwrite=true"], run_dir=tmp_path), log=lambda *_: None).fit()
+    history = [json.loads(x) for x in (tmp_path / "configs.jsonl").read_text().splitlines()]
+    assert [(h["step"], h["config"]["algo"]["name"]) for h in history] == [(0, "turn_ppo"), (1, "grpo")]
+    assert "name: grpo" in (tmp_path / "config.yaml").read_text()
+
+
 # ------------------------------------------------------------------------------------------------ named faults
 def _train_cli(tmp_path, *args, env=None):
     run_dir = tmp_path / "run"

@@ -291,11 +291,80 @@ def check_run_dir(cfg, log: Callable[[str], None] = print) -> RunDirLock:
             raise FileExistsError(f"{run_dir} already holds a run ({run_dir / METRICS_FILE}): trainer.resume=true "
                                   "continues it, trainer.overwrite=true starts it over, or set another "
                                   "trainer.experiment_name / trainer.default_local_dir")
+        if cfg.trainer.resume and not cfg.trainer.get("overwrite", False):
+            check_resume_config(cfg, run_dir)
     except BaseException:
         if not held_before:
             lock.release()
         raise
     return lock
+
+
+# what a run trains: a resume may change how it runs (steps, lr, logging, checkpoints), not these
+IDENTITY_KEYS = ("algo.name", "env.name", "model.name", "model.path", "seed", "engine.name",
+                 "algorithm.adv_estimator", "actor_rollout_ref.actor.policy_loss.loss_mode", "critic.level",
+                 "env.train_tags", "env_module")
+CONFIG_FILE = "config.yaml"
+
+
+def resume_config_changes(old, new) -> List[str]:
+    """``key: old -> new`` for each of :data:`IDENTITY_KEYS` that differs between a run's recorded config and a
+    resume's (``model.path`` only when both name one: the verl engine records the resolved directory)."""
+    from omegaconf import OmegaConf
+
+    out = []
+    for key in IDENTITY_KEYS:
+        a, b = OmegaConf.select(old, key, default=None), OmegaConf.select(new, key, default=None)
+        a = OmegaConf.to_container(a) if OmegaConf.is_config(a) else a
+        b = OmegaConf.to_container(b) if OmegaConf.is_config(b) else b
+        if key == "model.path" and (a is None or b is None):
+            continue
+        if a != b:
+            out.append(f"{key}: {a} -> {b}")
+    return out
+
+
+def check_resume_config(cfg, run_dir: PathLike) -> None:
+    """``trainer.resume=true`` into a run whose ``config.yaml`` trains something else (another algorithm, env,
+    model, seed, ...: :data:`IDENTITY_KEYS`) is refused naming the keys (``trainer.overwrite=true`` lets it)."""
+    from omegaconf import OmegaConf
+
+    path = Path(run_dir) / CONFIG_FILE
+    if not path.is_file():
+        return
+    try:
+        old = OmegaConf.load(path)
+    except Exception as e:  # noqa: BLE001 (a torn or hand-edited file: say so, do not guess)
+        raise ValueError(f"trainer.resume=true: {path} cannot be read ({type(e).__name__}: {e}); "
+                         "trainer.overwrite=true lets the resume go on") from None
+    changes = resume_config_changes(old, cfg)
+    if changes:
+        raise ValueError(f"trainer.resume=true: this config trains something else than the run in {run_dir} "
+                         f"({'; '.join(changes)}; the run's config: {path}): resume with the run's values, pick "
+                         "another trainer.experiment_name / trainer.default_local_dir, or set trainer.overwrite=true "
+                         "to resume anyway")
+
+
+def record_config(out_dir: PathLike, text: str, step: int) -> None:
+    """``config.yaml`` = this start's config (resolved); ``configs.jsonl`` keeps one line per start or resume
+    (``step`` it starts at, time, config), so the record of the steps before a resume is never lost. A fresh start
+    (step 0) begins a new history."""
+    import json
+
+    from omegaconf import OmegaConf
+
+    out_dir = Path(out_dir)
+    atomic_write_text(out_dir / CONFIG_FILE, text)
+    history = out_dir / "configs.jsonl"
+    entry = {"step": int(step), "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "pid": os.getpid(),
+             "config": OmegaConf.to_container(OmegaConf.create(text))}
+    line = json.dumps(entry, sort_keys=True) + "\n"
+    with writing(history):
+        if step == 0:
+            atomic_write_text(history, line)
+        else:
+            with open(history, "a") as f:
+                f.write(line)
 
 
 # ------------------------------------------------------------------------------------------------ overwrite, leftovers

@@ -49,6 +49,7 @@ from ragen_turn.engines.rundir import (
     TrainingStopped,
     atomic_write_text,
     crash_point,
+    record_config,
     take_run_dir,
     writing,
 )
@@ -169,7 +170,7 @@ class StarPOTrainer:
             self.load_checkpoint()
         truncate_metrics(self.metrics_path, self.step, log=log)  # fresh run: fresh log; resumed: lines <= step
         truncate_metrics(self.out_dir / GENERATIONS_FILE, self.step, log=log)
-        atomic_write_text(self.out_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+        record_config(self.out_dir, OmegaConf.to_yaml(cfg, resolve=True), self.step)  # + configs.jsonl
         record_provenance(self.out_dir, self.step, self.actor)
 
     # -------------------------------------------------------------------------------- rollout

@@ -46,7 +46,7 @@ from ragen_turn.algos import check_turn_ids, place_turn_rewards, turn_boundaries
 from ragen_turn.engines import checkpoints as ckpt
 from ragen_turn.engines.common import (advantage_metrics, compute_advantages, kept_rows, normalized_turn_rewards,
                                       turn_critic_targets)
-from ragen_turn.engines.rundir import crash_point, writing
+from ragen_turn.engines.rundir import crash_point, record_config, writing
 from ragen_turn.engines.runtime import derived_seed
 from ragen_turn.engines.runlog import (
     GENERATIONS_FILE, append_metrics, episode_metrics, progress_line, record_provenance, run_header, truncate_metrics,
@@ -354,11 +354,10 @@ class StarPOTrainer(RayPPOTrainer):
         rt = self.rcfg.trainer
         total = self.total_training_steps
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        (self.out_dir / "config.yaml").write_text(OmegaConf.to_yaml(self.rcfg))
         self._tracker = self._make_tracker()
         self.global_steps = 0
         self._load_checkpoint()
-        record_provenance(self.out_dir, self.global_steps)  # host and versions (the weights live in the workers)
+        record_config(self.out_dir, OmegaConf.to_yaml(self.rcfg), self.global_steps)  # + configs.jsonl        record_provenance(self.out_dir, self.global_steps)  # host and versions (the weights live in the workers)
         truncate_metrics(self.metrics_path, self.global_steps)  # fresh run: a fresh log; resumed: lines <= its step
         truncate_metrics(self.out_dir / GENERATIONS_FILE, self.global_steps)
         self.checkpoint_manager.update_weights(self.global_steps)
