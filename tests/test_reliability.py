@@ -594,6 +594,24 @@ def test_a_resume_that_trains_something_else_is_refused_naming_the_keys(tmp_path
     assert "name: grpo" in (tmp_path / "config.yaml").read_text()
 
 
+def test_a_context_too_small_for_any_first_turn_is_refused_before_the_warm_start(tmp_path, monkeypatch):
+    """issue #47 finding 8: agent_proxy.max_context_tokens=16 was refused only after 28 s, at the first rollout,
+    after a warm-start build had started. The check needs the tokenizer: it runs right after it loads."""
+    from ragen_turn.engines.local.trainer import build_trainer
+
+    import ragen_turn.warmstart as ws
+
+    def reached(*a, **k):
+        raise AssertionError("the warm start began before the context check")
+
+    monkeypatch.setattr(ws, "warmstart", reached)
+    monkeypatch.setattr(ws, "warmstart_dir", reached)
+    with pytest.raises(ValueError, match=r"agent_proxy.max_context_tokens=16: too small for any first turn") as e:
+        build_trainer(micro_config(["agent_proxy.max_context_tokens=16", "model.warmstart.enable=true"],
+                                   run_dir=tmp_path / "run"), log=lambda *_: None)
+    assert "response_length=8" in str(e.value)
+
+
 # ------------------------------------------------------------------------------------------------ named faults
 def _train_cli(tmp_path, *args, env=None):
     run_dir = tmp_path / "run"

@@ -70,6 +70,7 @@ from ragen_turn.engines.runlog import (
 from ragen_turn.engines.runtime import derived_seed, pick_device, seed_everything
 from ragen_turn.models import CriticModel, load_model_and_tokenizer, logprobs_and_hidden, sequence_logprobs
 from ragen_turn.rollout import ChatFormatter, EnvGroupManager, Trajectory, context_config, run_episodes, throttled
+from ragen_turn.rollout.context import check_context_fits
 
 from .collapse import collapse_due, collapse_metrics
 from .sampler import LocalSampler
@@ -117,6 +118,7 @@ class StarPOTrainer:
 
         self.actor, self.tokenizer = load_model_and_tokenizer(model_config(cfg), device="cpu", dtype=cfg.dtype)
         self.tokenizer.padding_side = "left"
+        check_context_fits(cfg, self.tokenizer)  # the checks that need the tokenizer, before any warm start
         from ragen_turn.warmstart import warmstart, warmstart_enabled
 
         if warmstart_enabled(cfg, log):

@@ -75,7 +75,12 @@ def model_path_for_verl(cfg: Any, log=print) -> str:
     if cfg.get("model_path"):
         model["path"] = cfg.model_path
     path = resolve_model_path(model, dtype=cfg.get("dtype"))
+    from transformers import AutoTokenizer
+
+    from ragen_turn.rollout.context import check_context_fits
     from ragen_turn.warmstart import warmstart_dir, warmstart_enabled
+
+    check_context_fits(cfg, AutoTokenizer.from_pretrained(str(path), local_files_only=True))  # before the SFT
 
     if warmstart_enabled(cfg, log):
         path = warmstart_dir(cfg, path, log=log)
