@@ -169,7 +169,7 @@ def quiet_transformers() -> None:
 
 @hydra.main(config_path=CONFIG_DIR, config_name="base", version_base="1.3")
 def main(cfg: DictConfig) -> dict | None:
-    from ragen_turn.engines.rundir import DiskFull, TrainingStopped
+    from ragen_turn.engines.rundir import DiskFull, RunAborted, TrainingStopped
 
     quiet_transformers()
     try:
@@ -178,7 +178,7 @@ def main(cfg: DictConfig) -> dict | None:
         print(f"error: {e}", file=sys.stderr)
         _drop_unused_run_dir(cfg)
         sys.exit(2)
-    except (DiskFull, TrainingStopped) as e:  # one line: what happened and the checkpoint to go back to
+    except (DiskFull, TrainingStopped, RunAborted) as e:  # one line: what happened, the checkpoint to go back to
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
     return out.get("summary") if isinstance(out, dict) else None

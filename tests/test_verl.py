@@ -446,6 +446,82 @@ def test_a_run_gives_its_ray_workers_a_private_tmpdir_that_holds_verls_checkpoin
     assert not os.path.exists(tmp)
 
 
+def test_a_killed_driver_takes_its_run_processes_and_temp_dir_with_it(tmp_path):
+    """issue #47 finding 3: after a kill -9 of the driver, Ray's processes of the run lived on for 5-60 s and its
+    Ray session folder and private TMPDIR stayed. The watchdog (its own session: the driver's kill or Ctrl-C does
+    not reach it) ends every process naming the run's private dir (command line or environment) and removes it."""
+    import signal
+    import time
+
+    from ragen_turn.engines.verl import watchdog
+
+    run_tmp = tempfile.mkdtemp(prefix="ragen_turn_verl_", dir=tmp_path)
+    os.makedirs(os.path.join(run_tmp, "ray", "session_x"))
+    sleeper = [sys.executable, "-c", "import time; time.sleep(600)"]
+    driver = subprocess.Popen(sleeper)
+    # a Ray worker (the run's TMPDIR in its environment) and a raylet (the session dir on its command line)
+    worker = subprocess.Popen(sleeper, env={**os.environ, "TMPDIR": run_tmp})
+    raylet = subprocess.Popen(sleeper + ["raylet", f"--session_dir={run_tmp}/ray/session_x"])
+    bystander = subprocess.Popen(sleeper)  # not of the run
+    guard = watchdog.start(driver.pid, run_tmp)
+    try:
+        time.sleep(1.0)
+        assert sorted(watchdog.run_processes(run_tmp)) == sorted([worker.pid, raylet.pid])
+        idle = subprocess.Popen(sleeper, env={**os.environ, "RAY_RAYLET_PID": str(raylet.pid)})  # an idle worker
+        time.sleep(0.5)
+        assert sorted(watchdog.run_processes(run_tmp)) == sorted([worker.pid, raylet.pid, idle.pid])
+        driver.send_signal(signal.SIGKILL)
+        driver.wait()
+        t = time.time()
+        worker.wait(timeout=10)
+        raylet.wait(timeout=10)
+        idle.wait(timeout=10)
+        guard.wait(timeout=10)
+        assert time.time() - t < 10 and not os.path.exists(run_tmp)
+        assert bystander.poll() is None
+    finally:
+        for p in (driver, worker, raylet, bystander, guard) + ((idle,) if "idle" in locals() else ()):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def test_a_run_failure_is_one_line_with_the_traceback_in_the_run_dir(tmp_path, monkeypatch):
+    """A dead Ray actor (worker or rollout server) or any other error from the task runner: one line naming what
+    died and the resume command, the traceback in <run>/error.log; our own errors come back as themselves."""
+    from ragen_turn.engines import checkpoints as ck
+    from ragen_turn.engines.rundir import DiskFull, RunAborted, TrainingStopped
+    from ragen_turn.engines.verl import run_failure
+
+    monkeypatch.setattr(sys, "argv", ["train.py", "env=sokoban", "engine=verl", "trainer.resume=false"])
+    tmp = ck.begin(tmp_path, 2, name="global_step_2")
+    (tmp / "data.pt").write_bytes(b"x")
+    ck.commit(tmp, 2, name="global_step_2", pointer=ck.VERL_TRACKER, pointer_text="2")
+
+    class ActorDiedError(Exception):
+        pass
+
+    class RayTaskError(Exception):  # what ray.get raises for a task that raised: the error under .cause
+        def __init__(self, cause):
+            super().__init__(f"ray::TaskRunner.run() (pid=1, ip=1)\nTraceback ...\n{cause}")
+            self.cause = cause
+
+    died = ActorDiedError("The actor died unexpectedly before finishing this task.\n\tclass_name: "
+                          "GlooActorRolloutRefWorker\n\tactor_id: 1f\n\tpid: 4242\n\tname: x")
+    e = run_failure(RayTaskError(died), tmp_path)
+    assert isinstance(e, RunAborted) and "\n" not in str(e)
+    assert str(e).startswith("the Ray actor GlooActorRolloutRefWorker (pid 4242) died; the run stopped")
+    assert "global_step_2" in str(e) and "python -m ragen_turn.train env=sokoban engine=verl trainer.resume=true" \
+        in str(e)
+    assert "class_name: GlooActorRolloutRefWorker" in (tmp_path / "error.log").read_text()
+    other = run_failure(RayTaskError(KeyError("turn_ids")), tmp_path)
+    assert isinstance(other, RunAborted) and "the run failed: KeyError: 'turn_ids'" in str(other)
+    stop = TrainingStopped("non-finite advantages in 3 steps in a row")
+    assert run_failure(RayTaskError(stop), tmp_path) is stop
+    full = run_failure(RayTaskError(DiskFull(tmp_path / "global_step_3" / "actor")), tmp_path)
+    assert isinstance(full, DiskFull) and "global_step_3" in str(full) and "trainer.resume=true" in str(full)
+
+
 @needs_verl
 def test_launch_refuses_before_ray_starts(model_dir, tmp_path):
     """What would fail mid-step fails in launch() before any Ray process or model building."""

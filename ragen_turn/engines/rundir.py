@@ -75,6 +75,11 @@ class TrainingStopped(RuntimeError):
     """A guard stopped the run (e.g. non-finite updates in a row); the message names the checkpoint to go back to."""
 
 
+class RunAborted(RuntimeError):
+    """A run ended by a fault it cannot go on from (verl: a Ray worker or rollout server died, an error in a
+    worker): the message is one line naming what happened, the traceback file and the resume command."""
+
+
 def _free_bytes(path: PathLike) -> Optional[int]:
     p = Path(path)
     while not p.exists() and p != p.parent:
