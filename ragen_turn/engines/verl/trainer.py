@@ -393,10 +393,12 @@ class StarPOTrainer(RayPPOTrainer):
         name = ckpt.verl_dir_name(step)
         tmp = ckpt.begin(self.out_dir, step, name=name)
         try:
-            self.actor_rollout_wg.save_checkpoint(str(tmp / "actor"), None, step, max_ckpt_to_keep=None)
+            with writing(tmp / "actor"):  # a worker's full disk arrives as a Ray error holding the words
+                self.actor_rollout_wg.save_checkpoint(str(tmp / "actor"), None, step, max_ckpt_to_keep=None)
             crash_point("actor written")
             if self.use_critic:
-                self.critic_wg.save_checkpoint(str(tmp / "critic"), None, step, max_ckpt_to_keep=None)
+                with writing(tmp / "critic"):
+                    self.critic_wg.save_checkpoint(str(tmp / "critic"), None, step, max_ckpt_to_keep=None)
                 crash_point("critic written")
             with writing(tmp / "data.pt"):
                 torch.save(self.train_dataloader.state_dict(), tmp / "data.pt")
