@@ -312,7 +312,8 @@ def test_an_update_that_blows_the_weights_up_is_put_back_and_the_run_stops_namin
     start = _params(tr.actor)
     with pytest.raises(TrainingStopped) as e:
         tr.fit()
-    assert all(torch.equal(a, b) for a, b in zip(start, _params(tr.actor))), "\n".join(said)  # every update was put back
+    # every update was put back
+    assert all(torch.equal(a, b) for a, b in zip(start, _params(tr.actor))), "\n".join(said)
     assert "step 3: the update left unsound weights (actor weights moved by" in "\n".join(said), said
     good = ckpt.last_good(tmp_path / "checkpoints")
     assert good is not None and good.name == "step_000001"

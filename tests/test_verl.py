@@ -1108,7 +1108,8 @@ def test_fit_with_fake_workers(model_dir, tmp_path, algo, monkeypatch):
             "actor/approx_kl", "response_length/capped_turn_frac"} <= set(last)
     if algo == "turn_ppo":
         assert {"critic/value_loss", "critic/vf_clipfrac"} <= set(last)
-    assert (tmp_path / "config.yaml").exists()
+    assert (tmp_path / "config.yaml").exists() and (tmp_path / "provenance.json").exists()
+    assert [json.loads(x)["step"] for x in (tmp_path / "configs.jsonl").read_text().splitlines()] == [0]
     # the workers write into the staging dir, renamed into place with its manifest; verl's tracker names step 2
     assert len(t.actor_rollout_wg.saved) == 2 and t.actor_rollout_wg.saved[-1].endswith(".tmp_global_step_2/actor")
     assert sorted(p.name for p in tmp_path.glob("global_step_*")) == ["global_step_1", "global_step_2"]

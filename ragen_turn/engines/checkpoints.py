@@ -190,7 +190,8 @@ def resume_point(ckpt_dir: Path, log: Callable[[str], None] = print, pointer: st
         elif named in skip:
             why = f"{found}, which did not load"
         elif incomplete_reason(ckpt_dir / named, verify=verify) is not None:
-            why = f"{found}, which is not a complete checkpoint ({incomplete_reason(ckpt_dir / named, verify=verify)})"
+            bad = incomplete_reason(ckpt_dir / named, verify=verify)
+            why = f"{found}, which is not a complete checkpoint ({bad})"
         else:
             why = f"{found}, older than the newest complete checkpoint"
         log(f"[ragen_turn] {ckpt_dir / pointer} {why}: resuming from {newest.name} "
@@ -297,7 +298,8 @@ def find(ckpt_dir: Path, name: str, verify: bool = False) -> Path:
         if p is None:
             raise FileNotFoundError(f"{key}: no complete checkpoint in {ckpt_dir}")
         return p
-    why = incomplete_reason(ckpt_dir / name, verify=verify) if step_of(Path(name)) is not None and "/" not in name else \
+    named = step_of(Path(name)) is not None and "/" not in name
+    why = incomplete_reason(ckpt_dir / name, verify=verify) if named else \
         "not a step directory name (step_NNNNNN), last_good or latest"
     if why is not None:
         raise FileNotFoundError(f"{key}: {why} (in {ckpt_dir})")

@@ -261,5 +261,5 @@ def launch(cfg: Any) -> Dict[str, float]:
     return last
 
 
-__all__ = ["launch", "check_config", "private_tmpdir", "RunAborted", "run_failure", "build_verl_config", "model_path_for_verl", "require_verl", "VerlNotInstalled", "INSTALL_HINT",
-           "VERL_VERSION"]
+__all__ = ["launch", "check_config", "private_tmpdir", "RunAborted", "run_failure", "build_verl_config",
+           "model_path_for_verl", "require_verl", "VerlNotInstalled", "INSTALL_HINT", "VERL_VERSION"]
