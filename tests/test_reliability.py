@@ -323,6 +323,20 @@ def test_an_update_that_blows_the_weights_up_is_put_back_and_the_run_stops_namin
     assert rows[1]["actor/weights_unsound"] == 0.0 and rows[1]["actor/weights_update_rel"] < 0.1
 
 
+def test_a_non_finite_sampling_distribution_stops_the_run_naming_the_checkpoint(tmp_path):
+    """Weights that are not finite (here set by hand) used to end the rollout in torch.multinomial with a bare
+    RuntimeError; now the run stops with one line naming the checkpoint to go back to."""
+    from ragen_turn.engines.local.trainer import build_trainer
+    from ragen_turn.engines.rundir import TrainingStopped
+
+    tr = build_trainer(micro_config(["algo=grpo", "trainer.total_training_steps=2", "trainer.val_before_train=false"],
+                                    run_dir=tmp_path), log=lambda *_: None)
+    with torch.no_grad():
+        next(tr.actor.parameters()).fill_(float("nan"))
+    with pytest.raises(TrainingStopped, match="step 1: the policy's sampling distribution is not finite"):
+        tr.fit()
+
+
 def _params(model):
     return [p.detach().clone() for p in model.parameters()]
 

@@ -73,7 +73,7 @@ from ragen_turn.rollout import ChatFormatter, EnvGroupManager, Trajectory, conte
 from ragen_turn.rollout.context import check_context_fits
 
 from .collapse import collapse_due, collapse_metrics
-from .sampler import LocalSampler
+from .sampler import LocalSampler, NonFiniteSampling
 
 
 @torch.no_grad()
@@ -180,7 +180,10 @@ class StarPOTrainer:
         self.actor.eval()
         self.gen.manual_seed(derived_seed(self.cfg.seed, step, 7))
         slots = self.train_envs.assign_seeds(self.cfg.seed, step)
-        episodes = run_episodes(slots, self.sampler, self.formatter, self.ctx)
+        try:
+            episodes = run_episodes(slots, self.sampler, self.formatter, self.ctx)
+        except NonFiniteSampling as e:
+            raise TrainingStopped(f"step {step + 1}: {e}. {self.checkpoint_note()}") from None
         return Trajectory.from_episodes(episodes, self.tokenizer.pad_token_id)
 
     def filter_groups(self, batch: Trajectory) -> Trajectory:
