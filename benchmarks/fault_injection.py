@@ -3,8 +3,9 @@
 Each case starts ``python -m ragen_turn.train ... engine=verl`` (3 steps of 16 episodes, a checkpoint after every
 step, no warm start), kills one piece while it trains, then checks:
 
-- exit: the command's exit code and the seconds from the kill to its end; ``error line``: its stderr ends with one
-  ``error:`` line naming what died and the resume command (no traceback on the console);
+- exit: the command's exit code and the seconds from the kill to its end; its stderr's last line (one ``error:``
+  line naming what died and the resume command) and the tracebacks printed on the console (Ray forwards the
+  workers' output there);
 - ``left after 10 s``: processes of the run still alive 10 s after the command ended, and whether its private
   temp dir (Ray's session folder inside) is still there;
 - ``resume = uninterrupted``: ``trainer.resume=true`` finishes the run and its ``metrics.jsonl`` (timings left out)
@@ -87,7 +88,8 @@ def steps_logged(run_dir: Path) -> List[int]:
 
 def metrics(run_dir: Path) -> List[Dict]:
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    return [{k: v for k, v in r.items() if not k.startswith(("timing", "perf/"))} for r in rows]
+    # timings and the workers' memory readings (actor/perf/*, critic/perf/*) differ between any two runs
+    return [{k: v for k, v in r.items() if not k.startswith(("timing", "perf/")) and "/perf/" not in k} for r in rows]
 
 
 def actor_pids(tmp: str, title: str) -> List[int]:
@@ -110,7 +112,7 @@ def finish(p: subprocess.Popen, log, tmp: Optional[str], t_kill: float) -> Dict:
     lines = [x for x in err.splitlines() if x.strip()]
     time.sleep(10)
     left = watchdog.run_processes(tmp) if tmp else {}
-    return {"rc": p.returncode, "exit_s": round(t_end - t_kill, 1), "stderr_lines": len(lines),
+    return {"rc": p.returncode, "exit_s": round(t_end - t_kill, 1), "tracebacks": err.count("Traceback ("),
             "error": lines[-1] if lines else "", "left_procs": len(left),
             "tmp_left": bool(tmp and os.path.exists(tmp))}
 
@@ -173,12 +175,12 @@ def crash_index(crash_log: Path, label: str = "actor written", nth: int = 2) -> 
 
 
 def table(rows: Dict[str, Dict]) -> str:
-    head = ("| fault | exit | s to exit | stderr lines | last stderr line | left after 10 s (procs, temp dir) "
+    head = ("| fault | exit | s to exit | tracebacks on the console | last stderr line | left after 10 s (procs, temp dir) "
             "| resume = uninterrupted |\n|---|---|---|---|---|---|---|")
     out = [head]
     for name, r in rows.items():
         err = (r.get("error") or "").replace("|", "/")[:160]
-        out.append(f"| {name} | {r.get('rc')} | {r.get('exit_s', '-')} | {r.get('stderr_lines', '-')} | {err} | "
+        out.append(f"| {name} | {r.get('rc')} | {r.get('exit_s', '-')} | {r.get('tracebacks', '-')} | {err} | "
                    f"{r.get('left_procs', '-')}, {'left' if r.get('tmp_left') else 'removed'} | "
                    f"{r.get('resume_equal')} (steps {r.get('resume_steps')}) |")
     return "\n".join(out)

@@ -164,8 +164,8 @@ def what_died(e: BaseException) -> str:
     text = str(e)
     cls = re.search(r"class_name: (\S+)", text)
     pid = re.search(r"\bpid: (\d+)", text)
-    if cls:
-        return f"the Ray actor {cls.group(1)}" + (f" (pid {pid.group(1)})" if pid else "")
+    if cls:  # verl's colocated workers: create_colocated_worker_cls.<locals>.WorkerDict
+        return f"the Ray actor {cls.group(1).split('.')[-1]}" + (f" (pid {pid.group(1)})" if pid else "")
     return {"WorkerCrashedError": "a Ray worker", "LocalRayletDiedError": "Ray's raylet",
             "NodeDiedError": "a Ray node", "OutOfMemoryError": "a Ray worker (out of memory)"}.get(
         type(e).__name__, f"a Ray process ({type(e).__name__})")
