@@ -477,7 +477,7 @@ class StarPOTrainer:
         sampling distribution is not finite) is treated like a non-finite loss: the weights and optimizer states
         are put back, the checkpoint before is not confirmed (``last_good`` stays), and the step counts toward
         ``trainer.max_nonfinite_steps``. Costs a copy of the weights and optimizer states (on the CPU) per step.
-        Metrics: ``<model>/weights_update_rel`` (||w_after - w_before|| / ||w_before||)."""
+        Metrics: ``<model>/weights_update_rel`` (||w_after - w_before|| / max(||w_before||, 1))."""
         mods = self._trained_modules()
         optims = [o for o in (self.actor_optim, self.critic_optim) if o is not None]
         before = {k: {n: t.detach().to("cpu", copy=True) for n, t in m.state_dict().items()} for k, m in mods.items()}
@@ -506,7 +506,8 @@ class StarPOTrainer:
                 finite = finite and bool(torch.isfinite(a).all())
                 num += float((a - b).pow(2).sum())
                 den += float(b.pow(2).sum())
-            rel = (num ** 0.5) / max(den ** 0.5, 1e-12) if finite else float("inf")
+            # relative to the weights' norm, and to 1 at least (a zero-initialised value head starts at norm 0)
+            rel = (num ** 0.5) / max(den ** 0.5, 1.0) if finite else float("inf")
             metrics[f"{k}/weights_update_rel"] = rel
             if not finite:
                 bad.append(f"{k} weights not finite")
