@@ -190,17 +190,21 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--cases", default="worker,rollout,driver,ckpt_window")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--reference", default=None, help="the root of an earlier run of this script: reuse its "
+                    "uninterrupted run (reference/, crash_points.log)")
     args = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="ragen_turn_faults_"))
     print(f"[faults] runs under {root}", flush=True)
-    ref_dir = root / "reference"
-    crash_log = root / "crash_points.log"
+    ref_root = Path(args.reference) if args.reference else root
+    ref_dir = ref_root / "reference"
+    crash_log = ref_root / "crash_points.log"
     t0 = time.time()
-    p, log = start(ref_dir, env={"RAGEN_TURN_CRASH_LOG": str(crash_log)})
-    _, err = p.communicate(timeout=TIMEOUT_S)
-    log.close()
-    if p.returncode != 0:
-        sys.exit(f"reference run failed: {err.decode(errors='replace')[-2000:]}")
+    if not args.reference:
+        p, log = start(ref_dir, env={"RAGEN_TURN_CRASH_LOG": str(crash_log)})
+        _, err = p.communicate(timeout=TIMEOUT_S)
+        log.close()
+        if p.returncode != 0:
+            sys.exit(f"reference run failed: {err.decode(errors='replace')[-2000:]}")
     ref = metrics(ref_dir)
     print(f"[faults] reference: steps {steps_logged(ref_dir)} in {time.time() - t0:.0f} s", flush=True)
     rows: Dict[str, Dict] = {}
