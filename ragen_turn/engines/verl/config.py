@@ -270,7 +270,6 @@ def to_verl_config(cfg: DictConfig, model_path: Optional[str] = None,
     mb = int(cfg.micro_batch_size_per_gpu)
     critic_on = cfg.critic.level != "none"
     out_dir = str(Path(cfg.trainer.default_local_dir).expanduser().resolve())
-    keep = int(cfg.trainer.keep_checkpoints) if cfg.trainer.keep_checkpoints else None
     attn = attn_implementation(p.device, host)
     model = {
         "path": path,
@@ -387,8 +386,10 @@ def to_verl_config(cfg: DictConfig, model_path: Optional[str] = None,
             "val_before_train": bool(cfg.trainer.val_before_train),
             "save_freq": int(cfg.trainer.save_freq),
             "test_freq": int(cfg.trainer.test_freq),
-            "max_actor_ckpt_to_keep": keep,
-            "max_critic_ckpt_to_keep": keep,
+            # rotation is the driver's (trainer._save_checkpoint: every global_step_* in the run dir, also after a
+            # resume); verl's workers only know the paths their own process saved
+            "max_actor_ckpt_to_keep": None,
+            "max_critic_ckpt_to_keep": None,
             "balance_batch": True,
             "critic_warmup": int(cfg.trainer.critic_warmup),
         },
