@@ -14,6 +14,9 @@ PACKAGES = [
     "ragen_turn.envs.sokoban",
     "ragen_turn.envs.webshop",
     "ragen_turn.envs.search_qa",
+    "ragen_turn.envs.bandit",
+    "ragen_turn.envs.frozen_lake",
+    "ragen_turn.envs.countdown",
 ]
 
 setup(
@@ -23,7 +26,9 @@ setup(
     python_requires=">=3.10",
     packages=PACKAGES,
     package_dir={"ragen_turn.envs": "envs", "ragen_turn.envs.sokoban": "envs/sokoban",
-                 "ragen_turn.envs.webshop": "envs/webshop", "ragen_turn.envs.search_qa": "envs/search_qa"},
+                 "ragen_turn.envs.webshop": "envs/webshop", "ragen_turn.envs.search_qa": "envs/search_qa",
+                 "ragen_turn.envs.bandit": "envs/bandit", "ragen_turn.envs.frozen_lake": "envs/frozen_lake",
+                 "ragen_turn.envs.countdown": "envs/countdown"},
     package_data={"ragen_turn.envs.webshop": ["data/*.json"], "ragen_turn.envs.search_qa": ["data/*.jsonl.gz"]},
     install_requires=[
         "torch>=2.4",

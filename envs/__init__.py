@@ -33,6 +33,18 @@ try:
 except ImportError as e:  # pragma: no cover - only while the adapter is missing
     _IMPORT_ERRORS["sokoban"] = str(e)
 
+try:  # RAGEN's simple envs: gymnasium (a core dependency) is all they need
+    from .bandit import BanditEnv, BanditEnvConfig
+    from .countdown import CountdownEnv, CountdownEnvConfig
+    from .frozen_lake import FrozenLakeEnv, FrozenLakeEnvConfig
+
+    register_env("bandit", BanditEnv, BanditEnvConfig)
+    register_env("frozen_lake", FrozenLakeEnv, FrozenLakeEnvConfig)
+    register_env("countdown", CountdownEnv, CountdownEnvConfig)
+except ImportError as e:  # pragma: no cover
+    for _name in ("bandit", "frozen_lake", "countdown"):
+        _IMPORT_ERRORS[_name] = str(e)
+
 try:
     from .webshop import WebShopEnv, WebShopEnvConfig
 
@@ -61,9 +73,26 @@ def import_env_modules(modules: str | Iterable[str] | None) -> list:
         try:
             importlib.import_module(name)
         except ModuleNotFoundError as e:
-            raise ValueError(f"env_module={name!r} cannot be imported ({e}); the module must be importable "
-                             f"(installed, or its directory on PYTHONPATH)") from None
+            if e.name and (name == e.name or name.startswith(e.name + ".")):
+                raise ValueError(f"env_module={name!r} cannot be imported ({e}); the module must be importable "
+                                 f"(installed, or its directory on PYTHONPATH)") from None
+            raise ValueError(import_failure(name, e)) from None  # a module it imports is missing
+        except Exception as e:  # SyntaxError, or anything its body raises
+            raise ValueError(import_failure(name, e)) from None
     return names
+
+
+def import_failure(name: str, e: BaseException) -> str:
+    """One line for an ``env_module`` whose import raised ``e``: the error and where (file, line)."""
+    import traceback
+
+    if isinstance(e, SyntaxError):
+        where = f"{e.filename}, line {e.lineno}" + (f", column {e.offset}" if e.offset else "")
+        return f"env_module={name!r} has a syntax error: {e.msg} ({where})"
+    frames = traceback.extract_tb(e.__traceback__)
+    mine = [f for f in frames if "importlib" not in f.filename and "<frozen" not in f.filename] or frames
+    where = f" ({mine[-1].filename}, line {mine[-1].lineno})" if mine else ""
+    return f"env_module={name!r} failed while being imported: {type(e).__name__}: {e}{where}"
 
 
 def _load_entry_points() -> None:

@@ -7,6 +7,7 @@ ones that read several keys.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from importlib.util import find_spec
 from typing import Any, Dict, List
 
@@ -21,14 +22,75 @@ CRITIC_LEVEL_OF = {"grpo": "none", "token_gae": "token", "bi_level_gae": "token"
 
 
 def kept_group_count(n_groups: int, ratio: float) -> int:
-    """StarPO-S: how many of ``n_groups`` env groups the rollout filter keeps (the top ``ratio``, at least one)."""
-    return max(1, int(round(n_groups * ratio)))
+    """How many of ``n_groups`` env groups a top-``ratio`` filter keeps: RAGEN's ``int(ratio x n_groups)`` (a floor:
+    0.7 x 8 keeps 5), at least one, at most all."""
+    return max(1, min(n_groups, int(ratio * n_groups)))
 
 
-def kept_batch_size(cfg: DictConfig) -> int:
-    """Episodes per step after StarPO-S group filtering (what the actor and critic train on)."""
+FILTER_STRATEGIES = ("top_p", "top_k", "top_k_abs", "min_p")
+FILTER_METRICS = {"reward_variance": "reward_variance", "reward_std": "reward_variance", "reward": "reward",
+                  "reward_sum": "reward_sum"}
+_LEGACY_TYPES = {"std": ("largest", "reward_variance"), "mean": ("largest", "reward")}  # our earlier values
+
+
+@dataclass(frozen=True)
+class FilterSpec:
+    """RAGEN-2's rollout filter (``actor_rollout_ref.rollout.rollout_filter_*``): which env groups a step trains on.
+
+    ``strategy``: ``top_p`` keeps groups in order of score until their share of the scores' sum reaches ``value``
+    (SNR-adaptive filtering on the in-group reward std); ``top_k`` the ``floor(value x groups)`` best (at least 1);
+    ``top_k_abs`` the ``value`` best; ``min_p`` those within ``value`` of the best (largest: score >= value x max).
+    ``direction``: ``largest`` or ``smallest`` scores first. ``metric``: the group's reward std (``reward_variance``,
+    RAGEN's name), mean (``reward``) or sum (``reward_sum``) of episode rewards. ``include_zero=False`` drops groups
+    scoring 0 before selecting. ``value >= 1`` with ``top_p`` keeps every group."""
+
+    value: float = 1.0
+    strategy: str = "top_k"
+    direction: str = "largest"
+    metric: str = "reward_variance"
+    include_zero: bool = True
+    top_p_prob_mode: str = "linear"
+    selection_eps: float = 0.01
+
+    @classmethod
+    def from_config(cls, rollout: Any) -> "FilterSpec":
+        """From ``actor_rollout_ref.rollout`` (a strategy of null is ``top_k``; type std / mean: largest on the
+        reward std / mean, the values before RAGEN's names)."""
+        get = rollout.get if hasattr(rollout, "get") else lambda k, d=None: getattr(rollout, k, d)
+        direction = str(get("rollout_filter_type", "largest"))
+        metric = FILTER_METRICS.get(str(get("rollout_filter_metric", "reward_variance")))
+        if direction in _LEGACY_TYPES:
+            direction, metric = _LEGACY_TYPES[direction]
+        return cls(value=float(get("rollout_filter_ratio", 1.0)),
+                   strategy=str(get("rollout_filter_strategy") or "top_k"), direction=direction, metric=str(metric),
+                   include_zero=bool(get("rollout_filter_include_zero", True)),
+                   top_p_prob_mode=str(get("rollout_filter_top_p_prob_mode", "linear")),
+                   selection_eps=float(get("rollout_filter_selection_eps", 0.01)))
+
+    @property
+    def keeps_all(self) -> bool:
+        """Whether every group is kept whatever the rewards (RAGEN skips its filter then)."""
+        return self.include_zero and ((self.strategy == "top_p" and self.value >= 1.0)
+                                      or (self.strategy == "top_k" and self.value >= 1.0))
+
+    @property
+    def fixed_count(self) -> bool:
+        """Whether the number of kept groups depends on the group count only (top_k, top_k_abs, with zeros)."""
+        return self.keeps_all or (self.include_zero and self.strategy in ("top_k", "top_k_abs"))
+
+
+def kept_batch_size(cfg: DictConfig) -> int | None:
+    """Episodes per step after the rollout filter (what the actor and critic train on); None when the filter's
+    count depends on the rewards (top_p below 1, min_p, rollout_filter_include_zero=false)."""
     tr = cfg.es_manager.train
-    return kept_group_count(tr.env_groups, cfg.actor_rollout_ref.rollout.rollout_filter_ratio) * tr.group_size
+    spec = FilterSpec.from_config(cfg.actor_rollout_ref.rollout)
+    if spec.keeps_all:
+        return tr.env_groups * tr.group_size
+    if not spec.fixed_count:
+        return None
+    if spec.strategy == "top_k":
+        return kept_group_count(tr.env_groups, spec.value) * tr.group_size
+    return max(1, min(tr.env_groups, int(spec.value))) * tr.group_size
 
 
 def model_config(cfg: DictConfig) -> Dict[str, Any]:
@@ -150,9 +212,15 @@ def _algorithm_pieces(cfg: DictConfig) -> List[str]:
 
 def _batches(cfg: DictConfig) -> List[str]:
     """Both engines: the mini-batch divides the (filtered) rollout batch (verl's split over its GPUs is checked by
-    ``engines.verl.check_config`` before Ray starts)."""
+    ``engines.verl.check_config`` before Ray starts). A filter whose kept count depends on the rewards (top_p < 1,
+    min_p, include_zero=false) leaves a batch of any size: the mini-batch must fit the whole rollout batch."""
     kept = kept_batch_size(cfg)
     mini = cfg.ppo_mini_batch_size
+    if kept is None:
+        full = cfg.es_manager.train.env_groups * cfg.es_manager.train.group_size
+        if mini > full:
+            return [f"ppo_mini_batch_size={mini}: must be <= {full} (es_manager.train.env_groups x group_size)"]
+        return []
     where = ("the rollout batch after filtering: es_manager.train.env_groups x group_size x "
              "rollout_filter_ratio = " + str(kept))
     if mini > kept:
@@ -160,6 +228,17 @@ def _batches(cfg: DictConfig) -> List[str]:
     if kept % mini:
         return [f"ppo_mini_batch_size={mini}: must divide {kept} ({where}); a smaller last mini-batch would take "
                 "a full optimizer step"]
+    return []
+
+
+def _rollout_filter(cfg: DictConfig) -> List[str]:
+    """The filter's value means a fraction (top_k, min_p), a share (top_p: >= 1 keeps all) or a count (top_k_abs)."""
+    spec = FilterSpec.from_config(cfg.actor_rollout_ref.rollout)
+    key = f"actor_rollout_ref.rollout.rollout_filter_ratio={spec.value}"
+    if spec.strategy in ("top_k", "min_p") and spec.value > 1:
+        return [f"{key}: rollout_filter_strategy={spec.strategy} takes a fraction in (0, 1]"]
+    if spec.strategy == "top_k_abs" and spec.value != int(spec.value):
+        return [f"{key}: rollout_filter_strategy=top_k_abs takes a whole number of env groups"]
     return []
 
 
@@ -207,4 +286,4 @@ def _device(cfg: DictConfig) -> List[str]:
     return []
 
 
-CROSS_CHECKS = (_algorithm_pieces, _batches, _env_splits, _tiny_model, _device)
+CROSS_CHECKS = (_algorithm_pieces, _batches, _rollout_filter, _env_splits, _tiny_model, _device)

@@ -112,43 +112,11 @@ def _kl_type(v, given, cfg):
 
 
 def _filter_value(v, given, cfg):
-    strategy = str(given.get("actor_rollout_ref.rollout.rollout_filter_strategy", "top_p"))
-    v = float(v)
-    n = int(OmegaConf.select(cfg, "es_manager.train.env_groups"))
-    if strategy == "top_k" or (strategy == "top_p" and v >= 1.0):
-        return {"actor_rollout_ref.rollout.rollout_filter_ratio": min(v, 1.0)}
-    if strategy == "top_k_abs":
-        return {"actor_rollout_ref.rollout.rollout_filter_ratio": min(v / n, 1.0)}
-    _stop(f"rollout_filter_strategy={strategy} rollout_filter_value={v}",
-          "only keeping a fraction (top_k) or a number (top_k_abs) of env groups maps onto our "
-          "actor_rollout_ref.rollout.rollout_filter_ratio (the top fraction of groups by reward std or mean)")
-
-
-def _filter_strategy(v, given, cfg):
-    if str(v) not in ("top_p", "top_k", "top_k_abs"):
-        _stop(f"actor_rollout_ref.rollout.rollout_filter_strategy={v}",
-              "our filter keeps the top actor_rollout_ref.rollout.rollout_filter_ratio of groups (top_k)")
-    return {}  # read by rollout_filter_value
-
-
-def _filter_type(v, given, cfg):
-    """RAGEN's type is a direction (largest | smallest) of its metric; ours names the metric (std | mean)."""
-    v = str(v)
-    if v in ("std", "mean"):
-        return {"actor_rollout_ref.rollout.rollout_filter_type": v}
-    if v != "largest":
-        _stop(f"actor_rollout_ref.rollout.rollout_filter_type={v}",
-              "our filter keeps the groups with the largest actor_rollout_ref.rollout.rollout_filter_type (std | mean)")
-    metric = str(given.get("actor_rollout_ref.rollout.rollout_filter_metric", "reward_variance"))
-    return {"actor_rollout_ref.rollout.rollout_filter_type": "mean" if metric in ("reward", "reward_sum") else "std"}
-
-
-def _filter_metric(v, given, cfg):
-    metric = {"reward_variance": "std", "reward_std": "std", "reward": "mean", "reward_sum": "mean"}.get(str(v))
-    if metric is None:
-        _stop(f"actor_rollout_ref.rollout.rollout_filter_metric={v}",
-              "our actor_rollout_ref.rollout.rollout_filter_type is std (reward_variance) or mean (reward)")
-    return {"actor_rollout_ref.rollout.rollout_filter_type": metric}
+    """RAGEN's filter value is our rollout_filter_ratio; with no strategy set, RAGEN's default strategy (top_p)."""
+    out = {"actor_rollout_ref.rollout.rollout_filter_ratio": float(v)}
+    if OmegaConf.select(cfg, "actor_rollout_ref.rollout.rollout_filter_strategy") is None:
+        out["actor_rollout_ref.rollout.rollout_filter_strategy"] = "top_p"
+    return out
 
 
 def _kl_ctrl(key):
@@ -231,17 +199,10 @@ ALIASES: List[Alias] = [
     Alias("agent_proxy.context_window_mode", "(full only)",
           _noop_if("agent_proxy.context_window_mode", lambda v: str(v) == "full",
                    "only RAGEN's full mode (the whole history, bounded by agent_proxy.max_context_tokens)")),
-    Alias("actor_rollout_ref.rollout.rollout_filter_value", "actor_rollout_ref.rollout.rollout_filter_ratio "
-          "(top_k: the fraction; top_k_abs: groups / env_groups; top_p 1.0: all)", _filter_value,
-          "top_p < 1 and min_p stop"),
-    Alias("actor_rollout_ref.rollout.rollout_filter_strategy", "(read with rollout_filter_value)", _filter_strategy),
-    Alias("actor_rollout_ref.rollout.rollout_filter_type", "actor_rollout_ref.rollout.rollout_filter_type "
-          "(largest -> std, or mean with metric reward)", _filter_type, "smallest stops"),
-    Alias("actor_rollout_ref.rollout.rollout_filter_metric", "actor_rollout_ref.rollout.rollout_filter_type "
-          "(reward_variance -> std, reward -> mean)", _filter_metric),
-    Alias("actor_rollout_ref.rollout.rollout_filter_include_zero", "(true only)",
-          _noop_if("actor_rollout_ref.rollout.rollout_filter_include_zero", _bool,
-                   "groups are ranked with zero scores included (actor_rollout_ref.rollout.rollout_filter_ratio)")),
+    Alias("actor_rollout_ref.rollout.rollout_filter_value", "actor_rollout_ref.rollout.rollout_filter_ratio (and "
+          "rollout_filter_strategy=top_p, RAGEN's default, when none is set)", _filter_value),
+    Alias("actor_rollout_ref.rollout_filter_strategy", "actor_rollout_ref.rollout.rollout_filter_strategy (the path "
+          "in RAGEN's README)", _set("actor_rollout_ref.rollout.rollout_filter_strategy", str)),
     Alias("actor_rollout_ref.model.path", "model.path", _set("model.path", str)),
     Alias("enable_response_mask", "(true only: the loss is always on the model's own tokens)",
           _noop_if("enable_response_mask", _bool, "the loss is always on the tokens the model sampled "

@@ -177,8 +177,14 @@ class RolloutConfig:
     top_p: float = key(gt=0, le=1)
     response_length: int = key(**COUNT)
     val_temperature: float = key(**NON_NEGATIVE)  # 0 = greedy
-    rollout_filter_ratio: float = key(gt=0, le=1)
-    rollout_filter_type: str = key(choices=("std", "mean"))
+    rollout_filter_ratio: float = key(gt=0)  # the filter's value (RAGEN's rollout_filter_value); per strategy below
+    rollout_filter_strategy: Optional[str] = key(None, choices=("top_p", "top_k", "top_k_abs", "min_p"))
+    rollout_filter_type: str = key("largest", choices=("largest", "smallest", "std", "mean"))
+    rollout_filter_metric: str = key("reward_variance", choices=("reward_variance", "reward_std", "reward",
+                                                                  "reward_sum"))
+    rollout_filter_include_zero: bool = key(True)
+    rollout_filter_top_p_prob_mode: str = key("linear", choices=("linear", "softmax"))
+    rollout_filter_selection_eps: float = key(0.01, ge=0)
     micro_batch_size: int = key(**NON_NEGATIVE)  # 0 = the whole env batch
     prefix_cache: bool = key()
 

@@ -169,7 +169,7 @@ def quiet_transformers() -> None:
 
 @hydra.main(config_path=CONFIG_DIR, config_name="base", version_base="1.3")
 def main(cfg: DictConfig) -> dict | None:
-    from ragen_turn.engines.rundir import DiskFull, TrainingStopped
+    from ragen_turn.engines.rundir import DiskFull, RunAborted, TrainingStopped
 
     quiet_transformers()
     try:
@@ -178,7 +178,7 @@ def main(cfg: DictConfig) -> dict | None:
         print(f"error: {e}", file=sys.stderr)
         _drop_unused_run_dir(cfg)
         sys.exit(2)
-    except (DiskFull, TrainingStopped) as e:  # one line: what happened and the checkpoint to go back to
+    except (DiskFull, TrainingStopped, RunAborted) as e:  # one line: what happened, the checkpoint to go back to
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
     return out.get("summary") if isinstance(out, dict) else None
@@ -225,10 +225,43 @@ class MultirunSummary(Callback):
         print("\n".join(lines))
 
 
+def config_dirs(argv: list[str]) -> list[Path]:
+    """The config directories a command composes from: ours, and those named by Hydra's ``--config-path`` /
+    ``-cp`` and ``--config-dir`` / ``-cd``."""
+    dirs = [Path(CONFIG_DIR)]
+    for i, a in enumerate(argv):
+        for flag in ("--config-path", "-cp", "--config-dir", "-cd"):
+            if a == flag and i + 1 < len(argv):
+                dirs.append(Path(argv[i + 1]))
+            elif a.startswith(flag + "="):
+                dirs.append(Path(a.split("=", 1)[1]))
+    return [d for d in dirs if d.is_dir()]
+
+
+def check_config_files(dirs: list[Path]) -> None:
+    """Every ``*.yaml`` under ``dirs`` parses as YAML; else one ``ValueError`` naming the file, line and column
+    (Hydra would stop with a long traceback of its own)."""
+    import yaml
+    from omegaconf._utils import get_yaml_loader
+
+    for path in sorted(p for d in dirs for p in Path(d).rglob("*.yaml")):
+        try:
+            yaml.load(path.read_text(), Loader=get_yaml_loader())
+        except yaml.MarkedYAMLError as e:
+            mark = e.problem_mark or e.context_mark
+            where = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+            what = "; ".join(x for x in (e.context, e.problem) if x)
+            raise ValueError(f"{path}{where}: malformed YAML ({what})") from None
+        except (yaml.YAMLError, UnicodeDecodeError) as e:
+            raise ValueError(f"{path}: malformed YAML ({type(e).__name__}: {e})") from None
+
+
 def prepare_cli() -> None:
-    """Before ``@hydra.main`` composes ``sys.argv``: RAGEN's keys moved aside, ``env_module=`` imported."""
+    """Before ``@hydra.main`` composes ``sys.argv``: the config files parse, RAGEN's keys moved aside,
+    ``env_module=`` imported."""
     from ragen_turn.ragen_keys import move_ragen_overrides
 
+    check_config_files(config_dirs(sys.argv[1:]))
     sys.argv[1:] = move_ragen_overrides(sys.argv[1:])
     prepare_envs(sys.argv[1:])
 

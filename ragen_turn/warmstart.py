@@ -172,9 +172,10 @@ def warmstart_seed(cfg: DictConfig) -> int:
 def _demo_env_spec(env_spec: Any) -> Dict[str, Any]:
     """An env's part of the warm-start key: its config, less the keys the demonstrations never see (Sokoban's
     ``deadlock_penalty`` and ``distance_shaping`` are rewards, and the solver never ends an episode by a deadlock
-    (``end_on_deadlock``): its episodes and the SFT loss are the same under any value)."""
+    (``end_on_deadlock``): its episodes and the SFT loss are the same under any value; WebShop's ``spacy_model``
+    only scores the purchase)."""
     spec = OmegaConf.to_container(env_spec, resolve=True)
-    for k in ("deadlock_penalty", "end_on_deadlock", "distance_shaping"):
+    for k in ("deadlock_penalty", "end_on_deadlock", "distance_shaping", "spacy_model"):
         spec.get("env_config", {}).pop(k, None)
     return spec
 

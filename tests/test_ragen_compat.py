@@ -216,15 +216,16 @@ MAPPED = [  # RAGEN override(s) -> our key: value in the resolved config
     (["trainer.project_name=myproj"], {"wandb.project": "myproj"}),
     (["seed.train=7"], {"seed": 7}),  # the run name: tests/test_run_names.py
     (["agent_proxy.max_context_window=-1", "agent_proxy.context_window_mode=full"], {"agent_proxy.max_turn": 2}),
-    (["actor_rollout_ref.rollout.rollout_filter_value=0.5", "actor_rollout_ref.rollout.rollout_filter_strategy=top_k"],
-     {"actor_rollout_ref.rollout.rollout_filter_ratio": 0.5}),
-    (["actor_rollout_ref.rollout.rollout_filter_value=1", "actor_rollout_ref.rollout.rollout_filter_strategy=top_k_abs"],
-     {"actor_rollout_ref.rollout.rollout_filter_ratio": 0.5}),  # 1 of the 2 env groups
-    (["actor_rollout_ref.rollout.rollout_filter_value=1.0"], {"actor_rollout_ref.rollout.rollout_filter_ratio": 1.0}),
-    (["actor_rollout_ref.rollout.rollout_filter_type=largest", "actor_rollout_ref.rollout.rollout_filter_metric=reward"],
-     {"actor_rollout_ref.rollout.rollout_filter_type": "mean"}),
-    (["actor_rollout_ref.rollout.rollout_filter_type=largest"], {"actor_rollout_ref.rollout.rollout_filter_type": "std"}),
-    (["actor_rollout_ref.rollout.rollout_filter_include_zero=True"], {"actor_rollout_ref.rollout.rollout_filter_ratio": 1.0}),
+    (["actor_rollout_ref.rollout.rollout_filter_value=0.5", "actor_rollout_ref.rollout_filter_strategy=top_k"],
+     {"actor_rollout_ref.rollout.rollout_filter_ratio": 0.5,
+      "actor_rollout_ref.rollout.rollout_filter_strategy": "top_k"}),
+    (["actor_rollout_ref.rollout.rollout_filter_value=1.0"],
+     {"actor_rollout_ref.rollout.rollout_filter_ratio": 1.0,
+      "actor_rollout_ref.rollout.rollout_filter_strategy": "top_p"}),
+    # RAGEN-2's command (its README: the strategy's path there lacks ".rollout")
+    (["actor_rollout_ref.rollout_filter_strategy=top_p", "actor_rollout_ref.rollout.rollout_filter_value=0.9"],
+     {"actor_rollout_ref.rollout.rollout_filter_ratio": 0.9,
+      "actor_rollout_ref.rollout.rollout_filter_strategy": "top_p"}),
     (["actor_rollout_ref.model.path=/models/q"], {"model.path": "/models/q"}),
     (["enable_response_mask=True"], {"agent_proxy.max_turn": 2}),
     (["algorithm.kl_ctrl.kl_coef=0.0", "algorithm.kl_ctrl.type=fixed", "algorithm.kl_penalty=kl"], {"seed": 0}),
@@ -248,10 +249,6 @@ STOPPED = [  # RAGEN override(s) -> the message names our key
     (["seed.val=123"], "`seed`"),
     (["agent_proxy.max_context_window=1"], "agent_proxy.max_context_tokens"),
     (["agent_proxy.context_window_mode=single_turn"], "agent_proxy.max_context_tokens"),
-    (["actor_rollout_ref.rollout.rollout_filter_value=0.5"], "actor_rollout_ref.rollout.rollout_filter_ratio"),
-    (["actor_rollout_ref.rollout.rollout_filter_strategy=min_p"], "actor_rollout_ref.rollout.rollout_filter_ratio"),
-    (["actor_rollout_ref.rollout.rollout_filter_type=smallest"], "actor_rollout_ref.rollout.rollout_filter_type"),
-    (["actor_rollout_ref.rollout.rollout_filter_include_zero=False"], "actor_rollout_ref.rollout.rollout_filter_ratio"),
     (["enable_response_mask=False"], "response_mask"),
     (["algorithm.kl_ctrl.kl_coef=0.001"], "actor_rollout_ref.actor.kl_loss_coef"),
     (["critic.ppo_mini_batch_size=1"], "set ppo_mini_batch_size"),
@@ -274,6 +271,31 @@ def test_ragen_keys_map_onto_ours_visibly(overrides, expected):
     given = [o.split("=", 1)[0] for o in overrides if not o.startswith(("algo=", "engine=", "model="))]
     recorded = " ".join(cfg.ragen_aliases)
     assert all(k in recorded for k in given), (given, dict(cfg.ragen_aliases))  # visible in the resolved config
+
+
+def test_ragens_filter_keys_are_ours():
+    """RAGEN's rollout_filter_* keys (but its value, our rollout_filter_ratio) are our keys, under the same names."""
+    from ragen_turn.config import FilterSpec, validate_config
+
+    r = "actor_rollout_ref.rollout."
+    cfg = micro_config([r + "rollout_filter_strategy=top_k_abs", r + "rollout_filter_ratio=1",
+                        r + "rollout_filter_type=smallest", r + "rollout_filter_metric=reward",
+                        r + "rollout_filter_include_zero=False",
+                        r + "rollout_filter_top_p_prob_mode=softmax", r + "rollout_filter_selection_eps=0.02"])
+    assert FilterSpec.from_config(cfg.actor_rollout_ref.rollout) == FilterSpec(
+        value=1.0, strategy="top_k_abs", direction="smallest", metric="reward", include_zero=False,
+        top_p_prob_mode="softmax", selection_eps=0.02)
+    assert not cfg.ragen_aliases
+    default = FilterSpec.from_config(micro_config([]).actor_rollout_ref.rollout)
+    assert default.keeps_all and default.strategy == "top_k" and default.metric == "reward_variance"
+    legacy = FilterSpec.from_config(micro_config([r + "rollout_filter_type=mean"]).actor_rollout_ref.rollout)
+    assert (legacy.direction, legacy.metric) == ("largest", "reward")  # our earlier value: largest mean
+    with pytest.raises(ValueError, match="rollout_filter_strategy"):
+        validate_config(micro_config([r + "rollout_filter_strategy=top_q"]))
+    with pytest.raises(ValueError, match="rollout_filter_ratio=1.5: rollout_filter_strategy=top_k takes a fraction"):
+        validate_config(micro_config([r + "rollout_filter_value=1.5", r + "rollout_filter_strategy=top_k"]))
+    with pytest.raises(ValueError, match="top_k_abs takes a whole number"):
+        validate_config(micro_config([r + "rollout_filter_ratio=1.5", r + "rollout_filter_strategy=top_k_abs"]))
 
 
 @pytest.mark.parametrize("overrides,names", STOPPED)

@@ -163,21 +163,69 @@ def test_resume_point_when_latest_is_missing_empty_garbage_incomplete_or_older(t
         _fake_checkpoint(ckpts, s)
     said = []
     assert ckpt.resume_point(ckpts, log=said.append).name == "step_000002" and not said
-    cases = {"": "missing or empty", "garbage\n": "not a complete checkpoint", "step_000001\n": "older"}
+    cases = {"": "latest is empty", "garbage\n": "holds 8 bytes that name no checkpoint (garbage)",
+             "step_000009\n": "names 'step_000009', which is not a complete checkpoint (missing)",
+             os.urandom(300).replace(b"\n", b"x").decode("latin-1"): "holds 300 bytes that name no checkpoint",
+             "step_000001\n": "older"}
     for text, why in cases.items():
-        (ckpts / "latest").write_text(text)  # what a crash of the old non-atomic write could leave
+        (ckpts / "latest").write_bytes(text.encode("latin-1"))  # what a crash of a non-atomic write could leave
         said.clear()
         assert ckpt.resume_point(ckpts, log=said.append).name == "step_000002"
         assert why in said[0] and "resuming from step_000002" in said[0], said
     (ckpts / "latest").unlink()
     said.clear()
-    assert ckpt.resume_point(ckpts, log=said.append).name == "step_000002" and "missing" in said[0]
+    assert ckpt.resume_point(ckpts, log=said.append).name == "step_000002" and "latest is missing" in said[0]
     # the newest dir lost a file (a half-deleted dir of an older version): the one before is used
     (ckpts / "latest").write_text("step_000002\n")
     (ckpts / "step_000002" / "trainer_state.pt").unlink()
     said.clear()
     assert ckpt.resume_point(ckpts, log=said.append).name == "step_000001"
     assert "trainer_state.pt is missing" in said[0]
+
+
+def test_a_checkpoint_file_corrupted_at_the_same_size_fails_its_checksum_and_the_one_before_is_used(tmp_path):
+    """issue #47 finding 5: trainer_state.pt with zeroed bytes (same size) used to end the resume with torch's
+    ``KeyError: "filename 'storages' not found"``; complete.json holds each file's sha256 and the resume says
+    which file of which checkpoint is corrupt and goes back to the newest that verifies."""
+    ckpts = tmp_path / "checkpoints"
+    for s in (1, 2):
+        _fake_checkpoint(ckpts, s)
+    state = ckpts / "step_000002" / "trainer_state.pt"
+    state.write_bytes(bytes(state.stat().st_size))
+    assert ckpt.incomplete_reason(ckpts / "step_000002") is None  # sizes match: only the checksum sees it
+    said = []
+    assert ckpt.resume_point(ckpts, log=said.append).name == "step_000001"
+    assert "step_000002" in said[0] and "trainer_state.pt does not match its sha256" in said[0], said
+    assert "resuming from step_000001" in said[-1], said
+    with pytest.raises(FileNotFoundError, match="trainer_state.pt does not match its sha256"):
+        ckpt.find(ckpts, "step_000002", verify=True)
+
+
+def test_a_local_resume_from_a_corrupt_checkpoint_loads_the_one_before(tmp_path):
+    """The local trainer end to end: step 2's trainer_state.pt zeroed; the resume says so, loads step 1, and a
+    checkpoint without checksums (an older manifest) that fails to load is passed over the same way."""
+    from ragen_turn.engines.local.trainer import build_trainer
+
+    common = ["algo=grpo", "trainer.save_freq=1", "trainer.keep_checkpoints=0", "trainer.test_freq=0",
+              "trainer.val_before_train=false"]
+    build_trainer(micro_config(common + ["trainer.total_training_steps=3"], run_dir=tmp_path),
+                  log=lambda *_: None).fit()
+    ckpts = tmp_path / "checkpoints"
+    state = ckpts / "step_000003" / "trainer_state.pt"
+    state.write_bytes(bytes(state.stat().st_size))
+    manifest = ckpts / "step_000002" / ckpt.MANIFEST  # step 2: an older manifest (no sha256), a corrupt file
+    doc = json.loads(manifest.read_text())
+    del doc["sha256"]
+    manifest.write_text(json.dumps(doc))
+    state = ckpts / "step_000002" / "trainer_state.pt"
+    state.write_bytes(bytes(state.stat().st_size))
+    said = []
+    tr = build_trainer(micro_config(common + ["trainer.total_training_steps=3", "trainer.resume=true"],
+                                    run_dir=tmp_path), log=said.append)
+    assert tr.step == 1, said
+    text = "\n".join(said)
+    assert "step_000003 is not loadable: trainer_state.pt does not match its sha256" in text, text
+    assert "step_000002 failed to load" in text and "resumed from" in text and "step_000001" in said[-1], text
 
 
 def test_clean_removes_staging_deletion_and_incomplete_dirs_and_keeps_complete_ones(tmp_path):
@@ -246,6 +294,49 @@ def test_a_blow_up_keeps_a_good_checkpoint_and_names_it(tmp_path):
     assert all(torch.isfinite(p).all() for p in back.actor.parameters())
 
 
+def test_an_update_that_blows_the_weights_up_is_put_back_and_the_run_stops_naming_last_good(tmp_path):
+    """issue #47 finding 6: lr=1e30 passes the config check and step 1's loss and gradient are finite, but the
+    weights reach 1e30 and the next rollout's sampler dies in torch.multinomial, with ``latest`` holding the
+    poisoned weights. Now the weights are part of the soundness check: the update is put back (weights and
+    optimizer state), its checkpoint is the previous weights, last_good is kept and the run stops naming it."""
+    from ragen_turn.engines.local.trainer import build_trainer
+    from ragen_turn.engines.rundir import TrainingStopped
+
+    common = ["algo=turn_ppo", "trainer.save_freq=1", "trainer.keep_checkpoints=2",
+              "trainer.max_nonfinite_steps=2", "trainer.test_freq=0", "trainer.val_before_train=false"]
+    build_trainer(micro_config(common + ["trainer.total_training_steps=2"], run_dir=tmp_path),
+                  log=lambda *_: None).fit()
+    said = []
+    tr = build_trainer(micro_config(common + ["actor_rollout_ref.actor.optim.lr=1e30", "trainer.resume=true",
+                                              "trainer.total_training_steps=6"], run_dir=tmp_path), log=said.append)
+    start = _params(tr.actor)
+    with pytest.raises(TrainingStopped) as e:
+        tr.fit()
+    # every update was put back
+    assert all(torch.equal(a, b) for a, b in zip(start, _params(tr.actor))), "\n".join(said)
+    assert "step 3: the update left unsound weights (actor weights moved by" in "\n".join(said), said
+    good = ckpt.last_good(tmp_path / "checkpoints")
+    assert good is not None and good.name == "step_000001"
+    assert "2 steps in a row" in str(e.value) and "resume_from=last_good" in str(e.value)
+    rows = read_metrics(tmp_path / "metrics.jsonl")  # step 4 stopped the run before its line
+    assert [r["step"] for r in rows] == [1, 2, 3] and rows[2]["actor/weights_unsound"] == 1.0
+    assert rows[1]["actor/weights_unsound"] == 0.0 and rows[1]["actor/weights_update_rel"] < 0.1
+
+
+def test_a_non_finite_sampling_distribution_stops_the_run_naming_the_checkpoint(tmp_path):
+    """Weights that are not finite (here set by hand) used to end the rollout in torch.multinomial with a bare
+    RuntimeError; now the run stops with one line naming the checkpoint to go back to."""
+    from ragen_turn.engines.local.trainer import build_trainer
+    from ragen_turn.engines.rundir import TrainingStopped
+
+    tr = build_trainer(micro_config(["algo=grpo", "trainer.total_training_steps=2", "trainer.val_before_train=false"],
+                                    run_dir=tmp_path), log=lambda *_: None)
+    with torch.no_grad():
+        next(tr.actor.parameters()).fill_(float("nan"))
+    with pytest.raises(TrainingStopped, match="step 1: the policy's sampling distribution is not finite"):
+        tr.fit()
+
+
 def _params(model):
     return [p.detach().clone() for p in model.parameters()]
 
@@ -298,9 +389,9 @@ def test_warn_line_names_the_step_it_logs(tmp_path):
                                      "actor_rollout_ref.actor.optim.lr=1e6", "critic.optim.lr=1e6"], run_dir=tmp_path),
                        log=said.append)
     tr.fit()
-    warned = [int(s.split()[2].rstrip(":")) for s in said if s.startswith("[warn] step")]
-    logged = [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")
-              if r.get("actor/skipped_updates") or r.get("critic/skipped_updates")]
+    warned = sorted({int(s.split()[2].rstrip(":")) for s in said if s.startswith("[warn] step")})
+    logged = [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")  # skipped, or put back (unsound weights)
+              if r.get("actor/skipped_updates") or r.get("critic/skipped_updates") or r.get("actor/weights_unsound")]
     assert warned and warned == logged
 
 
@@ -422,6 +513,46 @@ def test_a_full_disk_names_the_file_and_the_checkpoint_to_resume_from(tmp_path, 
     assert resumed.step == 1
 
 
+def test_a_full_disk_in_safetensors_at_the_first_checkpoint_says_so(tmp_path, monkeypatch):
+    """issue #47 finding 5: safetensors reports a full disk as ``SafetensorError`` (no OSError, no errno): it is
+    read as a full disk too, the partial checkpoint is removed and the message says none was written."""
+    import transformers.modeling_utils as mu
+    from safetensors import SafetensorError
+
+    from ragen_turn.engines.local.trainer import build_trainer
+
+    def full(tensors, filename, *a, **k):
+        Path(filename).write_bytes(b"partial")
+        raise SafetensorError('Error while serializing: I/O error: No space left on device (os error 28)')
+
+    monkeypatch.setattr(mu, "safe_save_file", full)
+    tr = build_trainer(micro_config(["algo=grpo", "trainer.total_training_steps=1", "trainer.save_freq=1"],
+                                    run_dir=tmp_path), log=lambda *_: None)
+    with pytest.raises(DiskFull) as e:
+        tr.fit()
+    msg = str(e.value)
+    assert msg.startswith("no space left on device while writing ") and "actor" in msg, msg
+    assert "SafetensorError" in msg and "No checkpoint was written" in msg, msg
+    assert not list((tmp_path / "checkpoints").iterdir())  # the partial copy is gone
+
+
+@pytest.mark.parametrize("err", [OSError(errno.EDQUOT, "Disk quota exceeded"),
+                                 RuntimeError("ray.exceptions.RayTaskError(OSError): ... [Errno 28] No space left "
+                                              "on device: '/run/global_step_3/actor/model.pt'")])
+def test_a_full_disk_from_any_writer_is_a_disk_full(tmp_path, err):
+    from ragen_turn.engines.rundir import writing
+
+    with pytest.raises(DiskFull, match="no space left on device while writing"):
+        with writing(tmp_path / "x"):
+            raise err
+    try:  # also when the words are only in the cause (an error wrapping another)
+        raise ValueError("save failed") from err
+    except ValueError as wrapped:
+        with pytest.raises(DiskFull):
+            with writing(tmp_path / "x"):
+                raise wrapped
+
+
 def test_a_full_disk_while_logging_metrics_says_so(tmp_path, monkeypatch):
     from ragen_turn.engines import runlog
 
@@ -446,6 +577,102 @@ def test_other_write_errors_are_not_called_a_full_disk(tmp_path):
     with pytest.raises(PermissionError):
         with writing(tmp_path / "x"):
             raise PermissionError(errno.EACCES, "Permission denied")
+
+
+# ------------------------------------------------------------------------------------------------ resume config
+def test_a_resume_that_trains_something_else_is_refused_naming_the_keys(tmp_path):
+    """issue #47 finding 7: a grpo resume into a turn_ppo run used to exit 0, mixing both in metrics.jsonl and
+    overwriting config.yaml. Now refused naming the keys (before any work); trainer.overwrite=true lets it, and
+    configs.jsonl keeps one entry per start or resume (config.yaml is the latest)."""
+    from ragen_turn.engines.local.trainer import build_trainer
+
+    common = ["trainer.save_freq=1", "trainer.test_freq=0", "trainer.val_before_train=false"]
+    build_trainer(micro_config(common + ["algo=turn_ppo", "trainer.total_training_steps=1"], run_dir=tmp_path),
+                  log=lambda *_: None).fit()
+    resume = common + ["algo=grpo", "trainer.total_training_steps=2", "trainer.resume=true", "seed=3"]
+    with pytest.raises(ValueError) as e:
+        build_trainer(micro_config(resume, run_dir=tmp_path), log=lambda *_: None)
+    msg = str(e.value)
+    assert "algo.name: turn_ppo -> grpo" in msg and "seed: 0 -> 3" in msg and "trainer.overwrite=true" in msg, msg
+    assert "algorithm.adv_estimator: turn_gae -> grpo" in msg and str(tmp_path / "config.yaml") in msg
+    assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [1]  # nothing was touched
+    # the same through the train command: exit 2, one line, before any work
+    lock_run_dir(tmp_path).release()  # this process's trainers held it
+    p = subprocess.run([sys.executable, "-m", "ragen_turn.train", "env=sokoban", "algo=grpo", "model=tiny",
+                        f"trainer.default_local_dir={tmp_path}", "trainer.resume=true"],
+                       capture_output=True, text=True, timeout=180)
+    assert p.returncode == 2 and "error: trainer.resume=true: this config trains something else" in p.stderr, \
+        p.stderr[-2000:]
+    build_trainer(micro_config(resume + ["trainer.overwrite=true"], run_dir=tmp_path), log=lambda *_: None).fit()
+    history = [json.loads(x) for x in (tmp_path / "configs.jsonl").read_text().splitlines()]
+    assert [(h["step"], h["config"]["algo"]["name"]) for h in history] == [(0, "turn_ppo"), (1, "grpo")]
+    assert "name: grpo" in (tmp_path / "config.yaml").read_text()
+
+
+def test_a_context_too_small_for_any_first_turn_is_refused_before_the_warm_start(tmp_path, monkeypatch):
+    """issue #47 finding 8: agent_proxy.max_context_tokens=16 was refused only after 28 s, at the first rollout,
+    after a warm-start build had started. The check needs the tokenizer: it runs right after it loads."""
+    from ragen_turn.engines.local.trainer import build_trainer
+
+    import ragen_turn.warmstart as ws
+
+    def reached(*a, **k):
+        raise AssertionError("the warm start began before the context check")
+
+    monkeypatch.setattr(ws, "warmstart", reached)
+    monkeypatch.setattr(ws, "warmstart_dir", reached)
+    with pytest.raises(ValueError, match=r"agent_proxy.max_context_tokens=16: too small for any first turn") as e:
+        build_trainer(micro_config(["agent_proxy.max_context_tokens=16", "model.warmstart.enable=true"],
+                                   run_dir=tmp_path / "run"), log=lambda *_: None)
+    assert "response_length=8" in str(e.value)
+
+
+# ------------------------------------------------------------------------------------------------ named faults
+def _train_cli(tmp_path, *args, env=None):
+    run_dir = tmp_path / "run"
+    return subprocess.run([sys.executable, "-m", "ragen_turn.train", *args, f"trainer.default_local_dir={run_dir}"],
+                          capture_output=True, text=True, timeout=180, env={**os.environ, **(env or {})},
+                          cwd=str(Path(__file__).resolve().parent.parent)), run_dir
+
+
+@pytest.mark.parametrize("body,said", [
+    ("x = 1\ndef broken(:\n    pass\n", "has a syntax error: invalid syntax ({file}, line 2"),
+    ("import json\nraise RuntimeError('no licence key')\n",
+     "failed while being imported: RuntimeError: no licence key ({file}, line 2)"),
+    ("import no_such_dependency_xyz\n", "failed while being imported: ModuleNotFoundError: No module named "
+                                        "'no_such_dependency_xyz' ({file}, line 1)"),
+])
+def test_an_env_module_that_fails_on_import_is_one_error_line(tmp_path, body, said):
+    """issue #47 finding 5: an env_module that raises on import or has a SyntaxError used to end with rc 1 and
+    a traceback (only ModuleNotFoundError of the module itself was caught): one `error:` line naming the module,
+    the error and where, exit code 2, nothing left behind."""
+    mod = tmp_path / "mods" / "broken_env_mod.py"
+    mod.parent.mkdir()
+    mod.write_text(body)
+    p, run_dir = _train_cli(tmp_path, "env=sokoban", "algo=grpo", "env_module=broken_env_mod",
+                            env={"PYTHONPATH": str(mod.parent)})
+    assert p.returncode == 2, p.stderr[-2000:]
+    lines = [x for x in p.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: env_module='broken_env_mod' "), p.stderr
+    assert said.format(file=mod) in lines[0], lines[0]
+    assert not run_dir.exists()
+
+
+def test_a_malformed_config_yaml_is_one_error_line_with_file_line_and_column(tmp_path):
+    """issue #47 finding 5: a malformed config/**/*.yaml used to stop with Hydra's 95-line traceback."""
+    import shutil
+
+    conf = tmp_path / "config"
+    shutil.copytree(Path(__file__).resolve().parent.parent / "config", conf)
+    bad = conf / "algo" / "grpo.yaml"
+    n = len(bad.read_text().splitlines())
+    bad.write_text(bad.read_text() + "foo: [1, 2\nbar: 3\n")
+    p, run_dir = _train_cli(tmp_path, "--config-path", str(conf), "env=sokoban", "algo=grpo")
+    assert p.returncode == 2, p.stderr[-2000:]
+    lines = [x for x in p.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1, p.stderr
+    assert lines[0].startswith(f"error: {bad}, line {n + 2}, column 4: malformed YAML"), lines[0]
+    assert "expected ',' or ']'" in lines[0] and not run_dir.exists()
 
 
 # ------------------------------------------------------------------------------------------------ metrics log

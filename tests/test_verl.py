@@ -446,6 +446,82 @@ def test_a_run_gives_its_ray_workers_a_private_tmpdir_that_holds_verls_checkpoin
     assert not os.path.exists(tmp)
 
 
+def test_a_killed_driver_takes_its_run_processes_and_temp_dir_with_it(tmp_path):
+    """issue #47 finding 3: after a kill -9 of the driver, Ray's processes of the run lived on for 5-60 s and its
+    Ray session folder and private TMPDIR stayed. The watchdog (its own session: the driver's kill or Ctrl-C does
+    not reach it) ends every process naming the run's private dir (command line or environment) and removes it."""
+    import signal
+    import time
+
+    from ragen_turn.engines.verl import watchdog
+
+    run_tmp = tempfile.mkdtemp(prefix="ragen_turn_verl_", dir=tmp_path)
+    os.makedirs(os.path.join(run_tmp, "ray", "session_x"))
+    sleeper = [sys.executable, "-c", "import time; time.sleep(600)"]
+    driver = subprocess.Popen(sleeper)
+    # a Ray worker (the run's TMPDIR in its environment) and a raylet (the session dir on its command line)
+    worker = subprocess.Popen(sleeper, env={**os.environ, "TMPDIR": run_tmp})
+    raylet = subprocess.Popen(sleeper + ["raylet", f"--session_dir={run_tmp}/ray/session_x"])
+    bystander = subprocess.Popen(sleeper)  # not of the run
+    guard = watchdog.start(driver.pid, run_tmp)
+    try:
+        time.sleep(1.0)
+        assert sorted(watchdog.run_processes(run_tmp)) == sorted([worker.pid, raylet.pid])
+        idle = subprocess.Popen(sleeper, env={**os.environ, "RAY_RAYLET_PID": str(raylet.pid)})  # an idle worker
+        time.sleep(0.5)
+        assert sorted(watchdog.run_processes(run_tmp)) == sorted([worker.pid, raylet.pid, idle.pid])
+        driver.send_signal(signal.SIGKILL)
+        driver.wait()
+        t = time.time()
+        worker.wait(timeout=10)
+        raylet.wait(timeout=10)
+        idle.wait(timeout=10)
+        guard.wait(timeout=10)
+        assert time.time() - t < 10 and not os.path.exists(run_tmp)
+        assert bystander.poll() is None
+    finally:
+        for p in (driver, worker, raylet, bystander, guard) + ((idle,) if "idle" in locals() else ()):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def test_a_run_failure_is_one_line_with_the_traceback_in_the_run_dir(tmp_path, monkeypatch):
+    """A dead Ray actor (worker or rollout server) or any other error from the task runner: one line naming what
+    died and the resume command, the traceback in <run>/error.log; our own errors come back as themselves."""
+    from ragen_turn.engines import checkpoints as ck
+    from ragen_turn.engines.rundir import DiskFull, RunAborted, TrainingStopped
+    from ragen_turn.engines.verl import run_failure
+
+    monkeypatch.setattr(sys, "argv", ["train.py", "env=sokoban", "engine=verl", "trainer.resume=false"])
+    tmp = ck.begin(tmp_path, 2, name="global_step_2")
+    (tmp / "data.pt").write_bytes(b"x")
+    ck.commit(tmp, 2, name="global_step_2", pointer=ck.VERL_TRACKER, pointer_text="2")
+
+    class ActorDiedError(Exception):
+        pass
+
+    class RayTaskError(Exception):  # what ray.get raises for a task that raised: the error under .cause
+        def __init__(self, cause):
+            super().__init__(f"ray::TaskRunner.run() (pid=1, ip=1)\nTraceback ...\n{cause}")
+            self.cause = cause
+
+    died = ActorDiedError("The actor died unexpectedly before finishing this task.\n\tclass_name: "
+                          "GlooActorRolloutRefWorker\n\tactor_id: 1f\n\tpid: 4242\n\tname: x")
+    e = run_failure(RayTaskError(died), tmp_path)
+    assert isinstance(e, RunAborted) and "\n" not in str(e)
+    assert str(e).startswith("the Ray actor GlooActorRolloutRefWorker (pid 4242) died; the run stopped")
+    assert "global_step_2" in str(e) and "python -m ragen_turn.train env=sokoban engine=verl trainer.resume=true" \
+        in str(e)
+    assert "class_name: GlooActorRolloutRefWorker" in (tmp_path / "error.log").read_text()
+    other = run_failure(RayTaskError(KeyError("turn_ids")), tmp_path)
+    assert isinstance(other, RunAborted) and "the run failed: KeyError: 'turn_ids'" in str(other)
+    stop = TrainingStopped("non-finite advantages in 3 steps in a row")
+    assert run_failure(RayTaskError(stop), tmp_path) is stop
+    full = run_failure(RayTaskError(DiskFull(tmp_path / "global_step_3" / "actor")), tmp_path)
+    assert isinstance(full, DiskFull) and "global_step_3" in str(full) and "trainer.resume=true" in str(full)
+
+
 @needs_verl
 def test_launch_refuses_before_ray_starts(model_dir, tmp_path):
     """What would fail mid-step fails in launch() before any Ray process or model building."""
@@ -930,6 +1006,12 @@ class FakeActorWG:
 
     def save_checkpoint(self, local_path, *a, **k):
         self.saved.append(local_path)
+        os.makedirs(local_path, exist_ok=True)  # a stand-in for the shards (the manifest lists and hashes it)
+        with open(os.path.join(local_path, "model.pt"), "wb") as f:
+            f.write(b"weights %d" % len(self.saved))
+
+    def load_checkpoint(self, local_path, *a, **k):
+        self.loaded = local_path
 
 
 class FakeCriticWG:
@@ -954,6 +1036,9 @@ class FakeCriticWG:
         return _Future(tu.get_tensordict({}, {"metrics": {**metrics, "mfu": 0.0}}))
 
     def save_checkpoint(self, *a, **k):
+        return None
+
+    def load_checkpoint(self, *a, **k):
         return None
 
 
@@ -1011,7 +1096,7 @@ def test_fit_with_fake_workers(model_dir, tmp_path, algo, monkeypatch):
     tmp.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(tmp))
     last = t.fit()
-    assert len(list(tmp.glob("ckpt_*.lock"))) == 2  # verl's lock of each checkpoint's global_step dir
+    assert not list(tmp.glob("ckpt_*.lock"))  # the driver's own checkpoint code takes no verl lock
 
     lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines] == [0, 1, 2]
@@ -1023,8 +1108,14 @@ def test_fit_with_fake_workers(model_dir, tmp_path, algo, monkeypatch):
             "actor/approx_kl", "response_length/capped_turn_frac"} <= set(last)
     if algo == "turn_ppo":
         assert {"critic/value_loss", "critic/vf_clipfrac"} <= set(last)
-    assert (tmp_path / "config.yaml").exists()
-    assert len(t.actor_rollout_wg.saved) == 2 and t.actor_rollout_wg.saved[-1].endswith("global_step_2/actor")
+    assert (tmp_path / "config.yaml").exists() and (tmp_path / "provenance.json").exists()
+    assert [json.loads(x)["step"] for x in (tmp_path / "configs.jsonl").read_text().splitlines()] == [0]
+    # the workers write into the staging dir, renamed into place with its manifest; verl's tracker names step 2
+    assert len(t.actor_rollout_wg.saved) == 2 and t.actor_rollout_wg.saved[-1].endswith(".tmp_global_step_2/actor")
+    assert sorted(p.name for p in tmp_path.glob("global_step_*")) == ["global_step_1", "global_step_2"]
+    assert (tmp_path / "latest_checkpointed_iteration.txt").read_text() == "2\n"
+    manifest = json.loads((tmp_path / "global_step_2" / "complete.json").read_text())
+    assert set(manifest["sha256"]) == {"actor/model.pt", "data.pt"}
     # the agent-loop batch is padded to a multiple of agent.num_workers (8 here)
     assert all(n % vcfg.actor_rollout_ref.rollout.agent.num_workers == 0 for n in t.async_rollout_manager.sizes)
     # the actor saw the mini-batch turn counts: 3 turns per episode, mini-batch 2 over dp 2
@@ -1056,6 +1147,127 @@ def test_critic_warmup_skips_the_actor_update_as_verl_does(model_dir, tmp_path, 
     t.train_step = step_and_count
     t.fit()
     assert [(a > 0, c > 0, w) for a, c, w in steps] == [(False, True, 1.0), (True, True, 0.0)]
+
+
+class _Killed(BaseException):
+    """Stands in for a kill -9 of the driver at a crash point (the fake trainer runs in this process)."""
+
+
+def _kill_at(monkeypatch, label: str, step: int):
+    """Raise :class:`_Killed` at crash point ``label`` of checkpoint ``step`` (``engines/rundir.crash_point``)."""
+    import ragen_turn.engines.checkpoints as ck
+    import ragen_turn.engines.rundir as rd
+    import ragen_turn.engines.verl.trainer as vt
+
+    seen = []
+
+    def point(lab):
+        seen.append(lab)
+        if lab.endswith(label) and sum(1 for x in seen if x.endswith(label)) == step:
+            raise _Killed(lab)
+
+    for mod in (vt, ck, rd):
+        monkeypatch.setattr(mod, "crash_point", point)
+
+
+def _lines(run_dir):
+    """metrics.jsonl without the timings (timing_s/*, perf/*, ...): what a resume must reproduce."""
+    import json
+
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if not k.startswith(("timing", "perf/"))} for r in rows]
+
+
+VERL_CKPT_RUN = ("trainer.total_training_steps=3", "trainer.test_freq=2", "trainer.save_freq=1")
+
+
+@pytest.fixture(scope="module")
+def verl_ckpt_reference(model_dir, tmp_path_factory):
+    """An uninterrupted fake-worker run of :data:`VERL_CKPT_RUN`."""
+    d = tmp_path_factory.mktemp("verl_ref")
+    old, tempfile.tempdir = tempfile.tempdir, str(d)
+    try:
+        _trainer_with_fake_workers(model_dir, d / "run", "turn_ppo", *VERL_CKPT_RUN)[0].fit()
+    finally:
+        tempfile.tempdir = old
+    return d / "run"
+
+
+@needs_verl
+@pytest.mark.parametrize("label,resumed", [("actor written", 1),
+                                           ("latest_checkpointed_iteration.txt: temp file created, empty", 2)])
+def test_verl_driver_killed_around_a_checkpoint_resumes_to_identical_metrics(model_dir, verl_ckpt_reference,
+                                                                            tmp_path, monkeypatch, label, resumed):
+    """issue #47 finding 1: the step's metrics line (and its evaluation) is written before its checkpoint, so a
+    driver killed in checkpoint 2 (its line 2 written; at its first file, or with the tracker's temp file empty)
+    resumes from the newest complete checkpoint, drops the lines after it and plays on: the log equals an
+    uninterrupted run's; the tracker file is never empty. (benchmarks/fault_injection.py kills real runs.)"""
+    ref_dir, run_dir = verl_ckpt_reference, tmp_path / "run"
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    with monkeypatch.context() as m:
+        _kill_at(m, label, step=2)
+        with pytest.raises(_Killed):
+            _trainer_with_fake_workers(model_dir, run_dir, "turn_ppo", *VERL_CKPT_RUN)[0].fit()
+    assert [r["step"] for r in _lines(run_dir)] == [0, 1, 2]  # line 2 was written before the kill
+    assert (run_dir / "latest_checkpointed_iteration.txt").read_text() == "1\n"
+    t, _ = _trainer_with_fake_workers(model_dir, run_dir, "turn_ppo", *VERL_CKPT_RUN, "trainer.resume=true")
+    t.fit()
+    assert t.actor_rollout_wg.loaded.endswith(f"global_step_{resumed}/actor")  # the newest complete one
+    assert _lines(run_dir) == _lines(ref_dir)
+    left = sorted(p.name for p in run_dir.iterdir() if "step" in p.name)
+    assert left == sorted(p.name for p in ref_dir.iterdir() if "step" in p.name) and "global_step_3" in left
+
+
+@needs_verl
+def test_verl_tracker_file_empty_garbage_or_stale_falls_back_to_the_newest_complete(model_dir, tmp_path,
+                                                                                  monkeypatch, capsys):
+    """issue #47 finding 2: an empty (or garbage, or stale) latest_checkpointed_iteration.txt no longer ends the
+    resume with int('') naming no file: one line names the file and what it holds, and the newest complete
+    checkpoint is loaded."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    _trainer_with_fake_workers(model_dir, tmp_path, "grpo")[0].fit()
+    tracker = tmp_path / "latest_checkpointed_iteration.txt"
+    cases = [("", "is empty"), ("\x00\x17garbage\xff" * 20, "holds 200 bytes that name no checkpoint"),
+             ("7\n", "names step 7, which is not a complete checkpoint (missing)"), (None, "is missing")]
+    for text, said in cases:
+        if text is None:
+            tracker.unlink()
+        else:
+            tracker.write_bytes(text.encode("latin-1"))
+        capsys.readouterr()
+        t, _ = _trainer_with_fake_workers(model_dir, tmp_path, "grpo", "trainer.resume=true")
+        assert t._load_checkpoint() == 2 and t.actor_rollout_wg.loaded.endswith("global_step_2/actor")
+        out = capsys.readouterr().out
+        assert f"{tracker} {said}" in out and "resuming from global_step_2" in out, (text, out)
+
+
+@needs_verl
+def test_verl_corrupt_checkpoint_falls_back_to_the_newest_that_verifies(model_dir, tmp_path, monkeypatch, capsys):
+    """issue #47 finding 5: a checkpoint file zeroed at the same size fails its sha256 (complete.json): the resume
+    says which file and loads the checkpoint before it."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    _trainer_with_fake_workers(model_dir, tmp_path, "grpo")[0].fit()
+    shard = tmp_path / "global_step_2" / "actor" / "model.pt"
+    shard.write_bytes(bytes(shard.stat().st_size))
+    capsys.readouterr()
+    t, _ = _trainer_with_fake_workers(model_dir, tmp_path, "grpo", "trainer.resume=true")
+    assert t._load_checkpoint() == 1 and t.actor_rollout_wg.loaded.endswith("global_step_1/actor")
+    out = capsys.readouterr().out
+    assert "global_step_2" in out and "actor/model.pt does not match its sha256" in out, out
+    assert "resuming from global_step_1" in out
+
+
+@needs_verl
+def test_verl_rotation_sees_every_checkpoint_after_a_resume(model_dir, tmp_path, monkeypatch):
+    """issue #47 finding 4: trainer.keep_checkpoints counts every global_step_* in the run dir, also those an
+    earlier process wrote."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    _trainer_with_fake_workers(model_dir, tmp_path, "grpo", "trainer.keep_checkpoints=0")[0].fit()
+    assert sorted(p.name for p in tmp_path.glob("global_step_*")) == ["global_step_1", "global_step_2"]
+    _trainer_with_fake_workers(model_dir, tmp_path, "grpo", "trainer.keep_checkpoints=1", "trainer.resume=true",
+                               "trainer.total_training_steps=3")[0].fit()
+    assert sorted(p.name for p in tmp_path.glob("global_step_*")) == ["global_step_3"]
+    assert (tmp_path / "latest_checkpointed_iteration.txt").read_text() == "3\n"
 
 
 def math_isfinite(x):
@@ -1284,3 +1496,41 @@ def test_turn_critic_in_the_worker_trains_on_turn_starts_only(parity):
 def test_weights_reach_the_hf_rollout_after_an_update(parity):
     r = parity["turn_ppo"]["weight_sync"]
     assert r["actor_changed"] and abs(r["server_after"] - r["actor_after"]) <= 1e-6 * max(1.0, abs(r["actor_after"]))
+
+
+@needs_verl
+def test_top_p_filter_on_verl_pads_the_kept_rows_and_skips_an_empty_step(model_dir, tmp_path, monkeypatch):
+    """RAGEN-2's top_p filter through the verl trainer (the same common.filter_rows as the local engine): RAGEN's
+    rollout/* metrics, kept rows repeated up to a multiple of lcm(ppo_mini_batch_size, dp), and a step whose filter
+    keeps nothing makes no update (the weights still sync)."""
+    import json
+
+    import ragen_turn.engines.verl.trainer as vt
+
+    t, vcfg = _trainer_with_fake_workers(model_dir, tmp_path, "grpo", "trainer.save_freq=0", "trainer.test_freq=0",
+                                         "actor_rollout_ref.rollout.rollout_filter_strategy=top_p",
+                                         "actor_rollout_ref.rollout.rollout_filter_ratio=0.9")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    real = vt.filter_rows
+    calls = []
+
+    def one_group_then_none(group_ids, rewards, spec):
+        calls.append(spec)
+        rows, m = real(group_ids, rewards, spec)
+        if len(calls) == 1:  # step 1: one row kept (padded to 2); step 2: none
+            rows = (group_ids == group_ids[0]).nonzero().flatten()[:1]
+            m["rollout/filter_kept_count"] = 1.0
+        else:
+            rows = rows[:0]
+        return rows, m
+
+    monkeypatch.setattr(vt, "filter_rows", one_group_then_none)
+    t.fit()
+    assert calls[0].strategy == "top_p" and calls[0].value == 0.9
+    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    steps = [m for m in lines if m["step"] > 0]
+    assert steps[0]["env/kept_episodes"] == 2.0  # 1 kept row, repeated to lcm(2, dp 2) = 2
+    assert "rollout/filter_kept_ratio" in steps[0] and "rollout/empty_after_filter" not in steps[0]
+    assert steps[1]["rollout/empty_after_filter"] == 1.0 and steps[1]["env/kept_episodes"] == 0.0
+    assert len(t.actor_rollout_wg.updates) == 1  # step 2 made none
+    assert t.checkpoint_manager.calls.count(("update", 2)) == 1

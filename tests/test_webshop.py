@@ -721,3 +721,68 @@ def test_env_config_argument_is_coerced_or_refused_by_name():
         coerce_config(WebShopEnvConfig, cfg, {"num_products": 4})
     with pytest.raises(TypeError, match="config must be a WebShopEnvConfig or a dict, got int"):
         coerce_config(WebShopEnvConfig, 5, {})
+
+
+# ---------------------------------------------------------------- WebShop's own reward rules (env_config.spacy_model)
+class _Tok:
+    def __init__(self, text, pos):
+        self.text, self.pos_ = text, pos
+
+
+def fake_nlp(nouns):
+    """A stand-in spaCy pipeline: tokens split on spaces, tagged NOUN when listed (PROPN for capitalised ones)."""
+    def nlp(text):
+        return [_Tok(w, ("PROPN" if w[:1].isupper() else "NOUN") if w.lower() in nouns else "ADJ")
+                for w in text.split()]
+    return nlp
+
+
+def test_webshop_type_reward_follows_webshops_rule_with_a_tagger():
+    nlp = fake_nlp({"shoe", "shoes", "lace", "boot"})
+    goal = {"name": "Shoe lace shoe", "query": "Shoes", "product_category": "A › B › C"}
+    # WebShop divides by the goal's nouns with repeats: {shoe, lace} & {shoe} = 1 of 3
+    bought = {"name": "running shoe", "query": "boots", "product_category": "a › b › x"}
+    parts = R.webshop_type_reward(bought, goal, nlp)
+    assert parts["title_score"] == pytest.approx(1 / 3) and parts["r_type"] == 1.0  # title 1/3 > 0.2
+    assert parts["query_match"] is False and parts["category_match"] is False  # case kept: 'a' != 'A'
+    built_in = R.get_type_reward(bought, goal)
+    assert built_in["category_match"] is True  # the built-in rule lower-cases the categories
+    assert R.get_type_reward(bought, goal, nlp) == parts
+    assert R.webshop_type_reward({"name": "red boot", "query": "x", "product_category": ""}, goal, nlp)["r_type"] == 0.0
+    assert R.spacy_nouns(nlp, "Shoe with lace") == ["shoe", "lace"]
+
+
+def test_webshop_option_rule_and_colours():
+    assert R.webshop_color("dark navy blue") == "blue"  # WebShop's first listed colour contained, not the longest
+    assert R.webshop_color("Navy") == "Navy"             # as is: WebShop does not lower-case here
+    # WebShop's fuzzy rule counts a near size as a match; the built-in rule matches sizes exactly
+    goal_opts = ["3 ounce (pack of 4)", "orange"]
+    chosen = {"size": "3 ounce (pack of 12)", "flavor name": "orange"}
+    assert R.webshop_option_reward(chosen, goal_opts) == (1.0, 2)
+    product = {"Title": "t", "BulletPoints": [], "Description": ""}
+    assert R.get_option_reward(product, goal_opts, chosen) == (0.5, 1)
+    assert R.webshop_option_reward({}, []) == (None, 0)
+
+
+def test_spacy_model_reaches_the_purchase(make, monkeypatch, tmp_path):
+    import ragen_turn.envs.webshop.env as E
+
+    seen = []
+
+    def load(path):
+        seen.append(path)
+        return fake_nlp(set())  # no nouns: WebShop's title score is 0.2, the type reward rests on query/category
+
+    monkeypatch.setattr(E, "load_spacy", load)
+    env = make(spacy_model=str(tmp_path / "en_core_web_sm"))
+    assert seen == [str(tmp_path / "en_core_web_sm")]
+    obs, r, done, info = run_expert(env, seed=3)
+    assert done and info["title_score"] == 0.2 and info["r_type"] == 1.0 and r == pytest.approx(info["reward"])
+
+
+def test_spacy_model_errors_name_the_key(tmp_path):
+    R.load_spacy.cache_clear()
+    with pytest.raises(ValueError, match="spacy_model"):
+        R.load_spacy(str(tmp_path / "no_such_model"))  # spaCy missing, or the model: either way the key is named
+    with pytest.raises(ValueError, match="spacy_model"):
+        WebShopEnvConfig(spacy_model="")

@@ -53,6 +53,10 @@ class WebShopEnvConfig:
       max_action_chars: longer actions are rejected as invalid without being parsed.
       search_return_n / results_per_page: WebShop returns the top 50 hits, 10 per page.
       show_attrs: show WebShop's hidden ``Attributes`` button on item pages.
+    Reward
+      spacy_model: a spaCy pipeline (directory or installed name; WebShop's is ``en_core_web_sm``): the reward is
+        then WebShop's own, rule for rule (its noun tagging of titles, option and colour rules); ``None`` = the
+        built-in rules, no spaCy (README: their agreement with WebShop's ``get_reward``).
     """
 
     data_dir: Optional[str] = None
@@ -76,8 +80,15 @@ class WebShopEnvConfig:
     # BM25 parameters (Lucene's defaults, as pyserini used in WebShop)
     bm25_k1: float = 0.9
     bm25_b: float = 0.4
+    # a spaCy pipeline (its directory, or an installed model's name; WebShop uses en_core_web_sm) for WebShop's own
+    # type reward (its noun tagger); null: the built-in noun filter (no spaCy)
+    spacy_model: Optional[str] = None
 
     def __post_init__(self) -> None:
+        if self.spacy_model is not None and (not isinstance(self.spacy_model, (str, os.PathLike))
+                                             or not str(self.spacy_model).strip()):
+            raise ValueError(f"webshop: spacy_model must be a spaCy model directory or name, or None, "
+                             f"got {self.spacy_model!r}")
         if self.max_steps is not None:  # RAGEN-style alias
             self.max_turns = self.max_steps
         self.max_steps = self.max_turns

@@ -18,6 +18,8 @@ page, an empty query, an overlong input) is rejected with an explanation and ``f
 """
 from __future__ import annotations
 
+import os
+
 import random
 import re
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
@@ -27,7 +29,7 @@ from . import solver
 from .catalog import Catalog, Product, load_catalog
 from .config import WebShopEnvConfig, default_cache_dir, normalize_split
 from .pages import BACK_TO_SEARCH, BUY_NOW, NEXT_PAGE, PREV_PAGE, SEARCH_ACTION_HINT, option_layout
-from .reward import get_reward
+from .reward import get_reward, load_spacy
 from .search import BM25SearchEngine, get_search_engine
 
 _ACTION_RE = re.compile(r"^\s*([A-Za-z_]+)\s*\[(.*)\]\s*$", re.DOTALL)
@@ -58,6 +60,7 @@ class WebShopEnv(BaseLanguageBasedEnv):
         config = coerce_config(WebShopEnvConfig, config, kwargs)
         super().__init__(config)
         cfg = config
+        self._nlp = load_spacy(os.path.expanduser(str(cfg.spacy_model))) if cfg.spacy_model else None
         cache_dir = default_cache_dir() if cfg.cache_dir is None else (cfg.cache_dir or None)
         self.catalog: Catalog = load_catalog(cfg.resolved_data_dir, num_products=cfg.num_products,
                                              human_goals=cfg.human_goals, lazy=cfg.lazy_load, cache_dir=cache_dir)
@@ -263,7 +266,7 @@ class WebShopEnv(BaseLanguageBasedEnv):
 
     def _buy(self, info: Dict[str, Any]) -> None:
         p = self.product
-        reward, parts = get_reward(p.reward_view(), self.goal, p.price, self.options)
+        reward, parts = get_reward(p.reward_view(), self.goal, p.price, self.options, nlp=self._nlp)
         self.page = "done"
         info["reward"] = reward
         info.update(parts)

@@ -17,7 +17,8 @@ Lightweight equivalents (documented deviations from WebShop):
 
 * ``thefuzz.fuzz.token_set_ratio`` is re-implemented on :class:`difflib.SequenceMatcher` (same token-set
   construction; difflib's ratio instead of python-Levenshtein's, which agree closely on short phrases).
-* spaCy's noun / proper-noun filter of the titles is replaced by a content-word filter: lower-cased
+* spaCy's noun / proper-noun filter of the titles is replaced (unless ``env_config.spacy_model`` names a spaCy
+  pipeline: then the type reward is WebShop's own, :func:`webshop_type_reward`) by a content-word filter: lower-cased
   alphanumeric words of two or more characters that are not stop words, pure numbers, units or common
   marketing adjectives (:data:`TITLE_FILLER`). Identical titles still score 1, unrelated ones 0.
 * WebShop's colour table is replaced by :data:`BASE_COLORS`: an option value that contains a base colour
@@ -28,6 +29,7 @@ Lightweight equivalents (documented deviations from WebShop):
 """
 from __future__ import annotations
 
+import functools
 import re
 from difflib import SequenceMatcher
 from typing import Any, Dict, List, Mapping, Sequence
@@ -117,13 +119,50 @@ def _category_levels(breadcrumb: str) -> set:
     return {x.strip().lower() for x in str(breadcrumb or "").split("›") if x.strip()}
 
 
-def get_type_reward(purchased: Mapping[str, Any], goal: Mapping[str, Any]) -> Dict[str, Any]:
-    query_match = str(purchased.get("query", "")).strip().lower() == str(goal.get("query", "")).strip().lower()
-    category_match = len(_category_levels(purchased.get("product_category", ""))
-                         & _category_levels(goal.get("product_category", ""))) >= 2
-    desired = set(title_content_words(goal.get("name", "")))
-    bought = set(title_content_words(purchased.get("name", purchased.get("Title", ""))))
-    title_score = 0.2 if not desired else len(desired & bought) / len(desired)
+SPACY_NOUN_TAGS = ("PNOUN", "NOUN", "PROPN")  # WebShop's tag list ("PNOUN" is not a spaCy tag; kept as WebShop has it)
+
+
+@functools.lru_cache(maxsize=4)
+def load_spacy(model: str) -> Any:
+    """``spacy.load(model)`` (a model directory, or an installed model package's name), once per process. Raises a
+    ``ValueError`` naming ``spacy_model`` and the way out when spaCy or the model is missing."""
+    try:
+        import spacy
+    except ImportError:
+        raise ValueError(f"webshop env_config.spacy_model={model!r} needs spaCy (pip install spacy), or set it to null "
+                         "for the built-in noun filter") from None
+    try:
+        return spacy.load(model)
+    except OSError as e:
+        raise ValueError(f"webshop env_config.spacy_model={model!r}: spaCy cannot load it ({e}); give the directory of "
+                         "an English pipeline with a tagger (e.g. en_core_web_sm, WebShop's), or null for the "
+                         "built-in noun filter") from None
+
+
+def spacy_nouns(nlp: Any, title: str) -> List[str]:
+    """WebShop's title words for the type reward: the lower-cased text of every token ``nlp`` tags as a noun or
+    proper noun, in order, repeats kept."""
+    return [t.text.lower() for t in nlp(title) if t.pos_ in SPACY_NOUN_TAGS]
+
+
+def webshop_type_reward(purchased: Mapping[str, Any], goal: Mapping[str, Any], nlp: Any) -> Dict[str, Any]:
+    """WebShop's ``get_type_reward`` to the letter, with ``nlp`` (a spaCy pipeline) as its noun tagger: the query
+    must be equal as is, categories share >= 2 stripped levels (case kept), and the title score divides the shared
+    distinct nouns by the goal's noun count with repeats."""
+    query_match = purchased.get("query") == goal.get("query")
+    bought_levels = [x.strip() for x in str(purchased.get("product_category", "")).split("›")]
+    goal_levels = [x.strip() for x in str(goal.get("product_category", "")).split("›")]
+    category_match = len(set(bought_levels) & set(goal_levels)) >= 2
+    bought = spacy_nouns(nlp, str(purchased.get("name", purchased.get("Title", ""))))
+    desired = spacy_nouns(nlp, str(goal.get("name", "")))
+    title_score = 0.2 if not desired else len(set(bought) & set(desired)) / len(desired)
+    return dict(r_type=_r_type(query_match, category_match, title_score), query_match=query_match,
+                category_match=category_match, title_score=title_score)
+
+
+def _r_type(query_match: bool, category_match: bool, title_score: float) -> float:
+    """WebShop's type score from its three signals: 1 if any agrees, else 0.5; 0.1 below a title score of 0.1; 0
+    at 0."""
     r_type = 1.0
     if not (query_match or category_match or title_score > 0.2):
         r_type = 0.5
@@ -131,7 +170,71 @@ def get_type_reward(purchased: Mapping[str, Any], goal: Mapping[str, Any]) -> Di
         r_type = 0.1
     if title_score == 0.0:
         r_type = 0.0
-    return dict(r_type=r_type, query_match=query_match, category_match=category_match, title_score=title_score)
+    return r_type
+
+
+# WebShop's colour vocabulary (web_agent_site/engine/normalize.py), data needed for its option rule: an option
+# value becomes the first of these it contains
+WEBSHOP_COLORS = tuple("""alabaster apricot aqua ash asphalt azure banana beige black blue blush bordeaux bronze brown
+burgundy camel camo caramel champagne charcoal cheetah chestnut chocolate christmas coffee cognac
+copper coral cranberry cream crystal dark denim eggplant elephant espresso fuchsia gold granite
+grape graphite grass gray green grey heather indigo ivory ivy khaki lavender lemon leopard light
+lilac lime magenta maroon mauve merlot midnight mint mocha multicolor mushroom mustard natural navy
+nude olive orange peach pewter pink plum purple rainbow red rose royal rust sand sapphire seashell
+silver skull slate steel stone stonewash sunflower tan taupe teal tiger turquoise violet walnut
+wheat white wine yellow""".split())
+
+
+def webshop_color(value: str) -> str:
+    """WebShop's ``normalize_color``: the first colour of :data:`WEBSHOP_COLORS` that ``value`` contains (as is)."""
+    return next((c for c in WEBSHOP_COLORS if c in value), value)
+
+
+def fuzzy_ratio() -> Any:
+    """``thefuzz.fuzz.token_set_ratio`` (WebShop's) when thefuzz is installed, else :func:`token_set_ratio`."""
+    try:
+        from thefuzz import fuzz
+        return fuzz.token_set_ratio
+    except ImportError:
+        return token_set_ratio
+
+
+def webshop_attribute_reward(purchased: Mapping[str, Any], goal: Mapping[str, Any]) -> tuple:
+    """WebShop's ``get_attribute_reward``: ``(r_attr, n_matched)``; a goal attribute counts on a fuzzy match (> 85)
+    with a product attribute, else when it occurs as written in the lower-cased title, bullet points or description."""
+    ratio = fuzzy_ratio()
+    goal_attrs = list(goal.get("attributes", []) or [])
+    texts = _product_text(purchased)
+    n = sum(1 for g in goal_attrs
+            if any(ratio(p, g) > FUZZY_THRESHOLD for p in purchased.get("Attributes", []) or [])
+            or any(str(g) in t for t in texts))
+    return (n / len(goal_attrs) if goal_attrs else 0.0), n
+
+
+def webshop_option_reward(chosen_options: Mapping[str, str], goal_options: Sequence[str]) -> tuple:
+    """WebShop's ``get_option_reward``: ``(r_option or None, n_matched)``; each goal option counts when some chosen
+    option matches it fuzzily (> 85) after WebShop's colour normalisation (so ``3 ounce (pack of 12)`` matches
+    ``3 ounce (pack of 4)``, as in WebShop)."""
+    ratio = fuzzy_ratio()
+    chosen = [webshop_color(str(o)) for o in chosen_options.values()]
+    goals = [webshop_color(str(o)) for o in goal_options]
+    n = sum(1 for g in goals if any(ratio(c, g) > FUZZY_THRESHOLD for c in chosen))
+    return (n / len(goals) if goals else None), n
+
+
+def get_type_reward(purchased: Mapping[str, Any], goal: Mapping[str, Any], nlp: Any = None) -> Dict[str, Any]:
+    """The type reward: WebShop's own (:func:`webshop_type_reward`) when ``nlp`` (a spaCy pipeline) is given, else
+    the built-in content-word filter (lower-cased query and categories, distinct words)."""
+    if nlp is not None:
+        return webshop_type_reward(purchased, goal, nlp)
+    query_match = str(purchased.get("query", "")).strip().lower() == str(goal.get("query", "")).strip().lower()
+    category_match = len(_category_levels(purchased.get("product_category", ""))
+                         & _category_levels(goal.get("product_category", ""))) >= 2
+    desired = set(title_content_words(goal.get("name", "")))
+    bought = set(title_content_words(purchased.get("name", purchased.get("Title", ""))))
+    title_score = 0.2 if not desired else len(desired & bought) / len(desired)
+    return dict(r_type=_r_type(query_match, category_match, title_score), query_match=query_match,
+                category_match=category_match, title_score=title_score)
 
 
 def _product_text(purchased: Mapping[str, Any]) -> tuple:
@@ -183,14 +286,16 @@ def get_option_reward(purchased: Mapping[str, Any], goal_options: Sequence[str],
 
 
 def get_reward(purchased: Mapping[str, Any], goal: Mapping[str, Any], price: float,
-               chosen_options: Mapping[str, str]) -> tuple:
+               chosen_options: Mapping[str, str], nlp: Any = None) -> tuple:
     """WebShop's reward of buying ``purchased`` at ``price`` with ``chosen_options`` for ``goal``.
 
     ``purchased`` uses WebShop's product keys (``name``/``Title``, ``query``, ``product_category``,
     ``Attributes``, ``BulletPoints``, ``Description``); ``goal`` its goal keys (``name``, ``query``,
     ``product_category``, ``attributes``, ``goal_options`` (list or dict), ``price_upper``).
     Returns ``(reward in [0, 1], parts)``; ``parts`` holds WebShop's verbose info (r_type, r_att, w_att,
-    r_option, w_option, r_price, w_price, query_match, category_match, title_score).
+    r_option, w_option, r_price, w_price, query_match, category_match, title_score). ``nlp``: a spaCy pipeline
+    (``env_config.spacy_model``): WebShop's own rules throughout (its noun tagger for the type reward, its option
+    and attribute rules and colours, thefuzz when installed); None: the built-in rules below.
     """
     goal_options = goal.get("goal_options", []) or []
     if isinstance(goal_options, Mapping):
@@ -199,11 +304,15 @@ def get_reward(purchased: Mapping[str, Any], goal: Mapping[str, Any], price: flo
     n_attrs = len(goal.get("attributes", []) or [])
     denom = n_attrs + len(goal_options) + 1
 
-    type_parts = get_type_reward(purchased, goal)
+    type_parts = get_type_reward(purchased, goal, nlp)
     price_upper = float(goal.get("price_upper", 1e6))
     r_price = float(price is not None and float(price) <= price_upper)
-    r_att, n_att = get_attribute_reward(purchased, goal)
-    r_option, n_opt = get_option_reward(purchased, goal_options, chosen_options)
+    if nlp is None:
+        r_att, n_att = get_attribute_reward(purchased, goal)
+        r_option, n_opt = get_option_reward(purchased, goal_options, chosen_options)
+    else:  # WebShop's own rules throughout
+        r_att, n_att = webshop_attribute_reward(purchased, goal)
+        r_option, n_opt = webshop_option_reward(chosen_options, goal_options)
 
     reward = (n_att + n_opt + r_price) / denom * type_parts["r_type"]
     reward = min(1.0, max(0.0, reward))
@@ -219,5 +328,7 @@ def get_reward(purchased: Mapping[str, Any], goal: Mapping[str, Any], price: flo
     return reward, parts
 
 
-__all__ = ["get_reward", "get_type_reward", "get_attribute_reward", "get_option_reward", "token_set_ratio",
+__all__ = ["get_reward", "get_type_reward", "webshop_type_reward", "load_spacy", "spacy_nouns", "webshop_color",
+           "webshop_option_reward", "webshop_attribute_reward", "get_attribute_reward", "get_option_reward",
+           "token_set_ratio",
            "normalize_color", "title_content_words", "process_text"]

@@ -1,39 +1,49 @@
 """A run's ``checkpoints/`` directory: which step directories are complete, what a resume loads, what rotation
-deletes, and how a crash at any moment leaves it loadable (the local engine's checkpoints; verl keeps its own).
+deletes, and how a crash at any moment leaves it loadable. Both engines: the local engine's ``checkpoints/step_N``
+with ``latest``; the verl engine's ``<run>/global_step_N`` with verl's tracker file
+``latest_checkpointed_iteration.txt`` (holds the step number; :data:`VERL_TRACKER`).
 
 Layout::
 
     checkpoints/step_000010/    a complete checkpoint: renamed into place from .tmp_step_000010/ after its
-        complete.json           files were written and synced; lists every file and its size
+        complete.json           files were written and synced; lists every file, its size and its sha256
     checkpoints/latest          the newest complete step directory's name (written atomically)
     checkpoints/last_good       the newest checkpoint confirmed by a healthy step after it (see below)
     checkpoints/.tmp_step_*     being written (removed at the next start if the writer died)
     checkpoints/.del_step_*     being deleted (renamed first, so no half-deleted step_* is ever left)
 
-A resume loads the newest complete step directory; ``latest`` is read first and a disagreement (missing,
-empty, naming an incomplete or an older directory) is said in one line. A checkpoint is *confirmed* when the
+A resume loads the newest complete step directory whose files match their checksums; ``latest`` is read
+first and a disagreement (missing, empty, garbage, naming an incomplete, corrupt or older directory) is said in
+one line. A checkpoint is *confirmed* when the
 step after it updates with finite losses and gradients (its weights were sound); rotation never deletes the
 newest confirmed one, so a blow-up that fills ``keep_checkpoints`` with broken checkpoints leaves a good one.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
 import shutil
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 from .rundir import atomic_write_text, crash_point, fsync_dir, fsync_tree, writing
 
 MANIFEST = "complete.json"
 LATEST = "latest"
 LAST_GOOD = "last_good"
-_STEP_DIR = re.compile(r"^step_(\d+)$")
+VERL_TRACKER = "latest_checkpointed_iteration.txt"  # verl's pointer: the newest step's number
+POINTERS = (LATEST, LAST_GOOD, VERL_TRACKER)
+_STEP_DIR = re.compile(r"^(?:global_)?step_(\d+)$")  # ours (step_000010) and verl's (global_step_10)
 
 
 def step_dir_name(step: int) -> str:
     return f"step_{step:06d}"
+
+
+def verl_dir_name(step: int) -> str:
+    return f"global_step_{step}"
 
 
 def step_of(path: Path) -> Optional[int]:
@@ -41,22 +51,40 @@ def step_of(path: Path) -> Optional[int]:
     return int(m.group(1)) if m else None
 
 
-def incomplete_reason(path: Path) -> Optional[str]:
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _legacy_complete(path: Path) -> bool:
+    """A directory written before manifests existed: the local engine's (trainer_state.pt + actor/config.json)
+    or verl's own (data.pt, written after the workers' files)."""
+    return ((path / "trainer_state.pt").is_file() and (path / "actor" / "config.json").is_file()) or \
+        ((path / "data.pt").is_file() and (path / "actor").is_dir())
+
+
+def incomplete_reason(path: Path, verify: bool = False) -> Optional[str]:
     """Why step directory ``path`` cannot be loaded, or None when it is complete.
 
-    Complete = its manifest lists files that are all there with their sizes. A directory written before
-    manifests existed counts as complete when it has ``trainer_state.pt`` and ``actor/config.json``."""
+    Complete = its manifest lists files that are all there with their sizes; ``verify``: and their sha256 (when
+    the manifest has them). A directory written before manifests existed counts as complete when it has
+    ``trainer_state.pt`` and ``actor/config.json`` (verl: ``data.pt`` and ``actor/``)."""
     path = Path(path)
     if not path.is_dir():
         return "missing"
     manifest = path / MANIFEST
     if not manifest.is_file():
-        if (path / "trainer_state.pt").is_file() and (path / "actor" / "config.json").is_file():
+        if _legacy_complete(path):
             return None
         return f"no {MANIFEST} and no trainer_state.pt + actor/config.json"
     try:
-        files: Dict[str, int] = json.loads(manifest.read_text())["files"]
-    except (ValueError, KeyError, TypeError) as e:
+        doc = json.loads(manifest.read_text())
+        files: Dict[str, int] = doc["files"]
+        sums: Dict[str, str] = doc.get("sha256") or {}
+    except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as e:
         return f"unreadable {MANIFEST} ({e})"
     for rel, size in files.items():
         f = path / rel
@@ -64,6 +92,10 @@ def incomplete_reason(path: Path) -> Optional[str]:
             return f"{rel} is missing"
         if f.stat().st_size != size:
             return f"{rel} has {f.stat().st_size} bytes, {size} expected"
+    if verify:
+        for rel, want in sums.items():
+            if file_sha256(path / rel) != want:
+                return f"{rel} does not match its sha256 in {MANIFEST} (corrupt)"
     return None
 
 
@@ -76,11 +108,27 @@ def step_dirs(ckpt_dir: Path) -> List[Path]:
 
 
 def _read_pointer(ckpt_dir: Path, name: str) -> Optional[str]:
+    return read_pointer(ckpt_dir, name)[0]
+
+
+def read_pointer(ckpt_dir: Path, name: str) -> Tuple[Optional[str], str]:
+    """The step directory's name a pointer file holds (None when it holds none) and what was found, in words.
+    ``latest`` / ``last_good`` hold a name (``step_000010``); verl's tracker a step number (``10``)."""
     p = Path(ckpt_dir) / name
     try:
-        return p.read_text().strip() or None
-    except (FileNotFoundError, IsADirectoryError, UnicodeDecodeError):
-        return None
+        raw = p.read_bytes()
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        return None, "is missing"
+    text = raw.decode("utf-8", errors="replace").strip()
+    if not text:
+        return None, "is empty"
+    if name == VERL_TRACKER:
+        if text.isdigit() and len(text) < 19:
+            return verl_dir_name(int(text)), f"names step {text}"
+    elif step_of(Path(text)) is not None and "/" not in text:
+        return text, f"names {text!r}"
+    shown = text if len(text) <= 40 and text.isprintable() else repr(raw[:24])[2:-1] + "..."
+    return None, f"holds {len(raw)} bytes that name no checkpoint ({shown})"
 
 
 def remove_dir(path: Path, log: Optional[Callable[[str], None]] = None, why: str = "") -> None:
@@ -105,10 +153,10 @@ def clean(ckpt_dir: Path, log: Callable[[str], None] = print) -> None:
     if not ckpt_dir.is_dir():
         return
     for p in sorted(ckpt_dir.iterdir()):
-        if p.name.startswith((".tmp_step_", ".del_step_")):
+        if p.name.startswith((".tmp_step_", ".del_step_", ".tmp_global_step_", ".del_global_step_")):
             shutil.rmtree(p, ignore_errors=True)
             log(f"[ragen_turn] removed {p} (left by a run that stopped while writing or deleting it)")
-        elif p.name.startswith((f".{LATEST}.tmp-", f".{LAST_GOOD}.tmp-")):
+        elif p.name.startswith(tuple(f".{name}.tmp-" for name in POINTERS)):
             p.unlink(missing_ok=True)
     for p in step_dirs(ckpt_dir):
         why = incomplete_reason(p)
@@ -116,26 +164,38 @@ def clean(ckpt_dir: Path, log: Callable[[str], None] = print) -> None:
             remove_dir(p, log, f"incomplete checkpoint: {why}")
 
 
-def resume_point(ckpt_dir: Path, log: Callable[[str], None] = print) -> Optional[Path]:
-    """The checkpoint a resume loads: the newest complete step directory (None: there is none). ``latest`` is
-    read first; when it is missing, empty, names an incomplete directory or an older one than the newest
-    complete, one line says so."""
+def resume_point(ckpt_dir: Path, log: Callable[[str], None] = print, pointer: str = LATEST,
+                 verify: bool = True, skip: Tuple[str, ...] = ()) -> Optional[Path]:
+    """The checkpoint a resume loads: the newest complete step directory whose files match their sha256
+    (``verify``), None when there is none; ``skip``: names already tried. ``pointer`` (``latest``, or verl's
+    tracker file) is read first; when it is missing, empty, garbage, names an incomplete or corrupt directory or
+    an older one than the newest complete, one line says so; so does each corrupt directory passed over."""
     ckpt_dir = Path(ckpt_dir)
-    complete = [p for p in step_dirs(ckpt_dir) if incomplete_reason(p) is None]
-    named = _read_pointer(ckpt_dir, LATEST)
-    newest = complete[-1] if complete else None
+    complete = [p for p in step_dirs(ckpt_dir) if incomplete_reason(p) is None and p.name not in skip]
+    named, found = read_pointer(ckpt_dir, pointer)
+    newest = None
+    for p in reversed(complete):
+        bad = incomplete_reason(p, verify=True) if verify else None
+        if bad is None:
+            newest = p
+            break
+        log(f"[ragen_turn] checkpoint {p} is not loadable: {bad}; trying an older one")
     if newest is None:
-        if named is not None:
-            log(f"[ragen_turn] {ckpt_dir / LATEST} names {named!r} but no complete checkpoint is there")
+        if named is not None or complete:
+            log(f"[ragen_turn] {ckpt_dir / pointer} {found} but no complete, sound checkpoint is in {ckpt_dir}")
         return None
     if named != newest.name:
         if named is None:
-            why = "is missing or empty"
-        elif incomplete_reason(ckpt_dir / named) is not None:
-            why = f"names {named!r}, which is not a complete checkpoint ({incomplete_reason(ckpt_dir / named)})"
+            why = found
+        elif named in skip:
+            why = f"{found}, which did not load"
+        elif incomplete_reason(ckpt_dir / named, verify=verify) is not None:
+            bad = incomplete_reason(ckpt_dir / named, verify=verify)
+            why = f"{found}, which is not a complete checkpoint ({bad})"
         else:
-            why = f"names {named!r}, older than the newest complete checkpoint"
-        log(f"[ragen_turn] {ckpt_dir / LATEST} {why}: resuming from {newest.name}")
+            why = f"{found}, older than the newest complete checkpoint"
+        log(f"[ragen_turn] {ckpt_dir / pointer} {why}: resuming from {newest.name} "
+            "(the newest complete checkpoint)")
     return newest
 
 
@@ -152,32 +212,42 @@ def newest_complete(ckpt_dir: Path) -> Optional[Path]:
     return complete[-1] if complete else None
 
 
-def begin(ckpt_dir: Path, step: int) -> Path:
-    """A fresh staging directory ``.tmp_step_N`` to write checkpoint ``step`` into."""
-    tmp = Path(ckpt_dir) / f".tmp_{step_dir_name(step)}"
+def begin(ckpt_dir: Path, step: int, name: Optional[str] = None) -> Path:
+    """A fresh staging directory ``.tmp_<name>`` (``.tmp_step_N``) to write checkpoint ``step`` into."""
+    tmp = Path(ckpt_dir) / f".tmp_{name or step_dir_name(step)}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     crash_point(f"{tmp.name}: created")
     return tmp
 
 
-def commit(tmp: Path, step: int) -> Path:
-    """Finish staging directory ``tmp``: write its manifest, sync it, rename it to ``step_N`` (replacing an older
-    copy of that step), sync the directory, point ``latest`` at it."""
-    ckpt_dir = tmp.parent
-    files = {str(p.relative_to(tmp)): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()}
+def write_manifest(tmp: Path, step: int) -> None:
+    """``complete.json`` in staging directory ``tmp``: every file's size and sha256."""
+    found = [p for p in sorted(tmp.rglob("*")) if p.is_file() and p.name != MANIFEST]
+    files = {str(p.relative_to(tmp)): p.stat().st_size for p in found}
+    sums = {str(p.relative_to(tmp)): file_sha256(p) for p in found}
     with writing(tmp / MANIFEST):
-        (tmp / MANIFEST).write_text(json.dumps({"step": step, "files": files}, indent=1, sort_keys=True) + "\n")
+        (tmp / MANIFEST).write_text(json.dumps({"step": step, "files": files, "sha256": sums}, indent=1,
+                                               sort_keys=True) + "\n")
+
+
+def commit(tmp: Path, step: int, name: Optional[str] = None, pointer: str = LATEST,
+           pointer_text: Optional[str] = None) -> Path:
+    """Finish staging directory ``tmp``: write its manifest, sync it, rename it to ``name`` (``step_N``; replacing
+    an older copy of that step), sync the directory, point ``pointer`` (``latest``: the name; verl's tracker: the
+    step) at it."""
+    ckpt_dir = tmp.parent
+    write_manifest(tmp, step)
     crash_point(f"{tmp.name}: manifest written")
     fsync_tree(tmp)
     crash_point(f"{tmp.name}: synced")
-    final = ckpt_dir / step_dir_name(step)
+    final = ckpt_dir / (name or step_dir_name(step))
     if final.exists():
         remove_dir(final)
     os.replace(tmp, final)
     crash_point(f"{final.name}: renamed into place")
     fsync_dir(ckpt_dir)
-    atomic_write_text(ckpt_dir / LATEST, final.name + "\n")
+    atomic_write_text(ckpt_dir / pointer, (pointer_text if pointer_text is not None else final.name) + "\n")
     return final
 
 
@@ -209,22 +279,27 @@ def drop_after(ckpt_dir: Path, step: int, log: Callable[[str], None] = print) ->
             remove_dir(p, log, f"after the resumed step {step}")
 
 
-def find(ckpt_dir: Path, name: str) -> Path:
+def find(ckpt_dir: Path, name: str, verify: bool = False) -> Path:
     """``trainer.resume_from``: ``last_good``, ``latest`` or a step directory's name (``step_000010``) in
-    ``ckpt_dir``; raises ``FileNotFoundError`` naming the key unless it is a complete checkpoint."""
+    ``ckpt_dir``; raises ``FileNotFoundError`` naming the key unless it is a complete checkpoint (``verify``: whose
+    files match their sha256)."""
     ckpt_dir = Path(ckpt_dir)
     key = f"trainer.resume_from={name}"
     if name == LAST_GOOD:
         p = last_good(ckpt_dir)
         if p is None:
             raise FileNotFoundError(f"{key}: no confirmed checkpoint in {ckpt_dir} ({LAST_GOOD} missing or incomplete)")
+        bad = incomplete_reason(p, verify=True) if verify else None
+        if bad is not None:
+            raise FileNotFoundError(f"{key}: {p} is not loadable: {bad}")
         return p
     if name == LATEST:
-        p = resume_point(ckpt_dir, log=lambda _: None)
+        p = resume_point(ckpt_dir, log=lambda _: None, verify=verify)
         if p is None:
             raise FileNotFoundError(f"{key}: no complete checkpoint in {ckpt_dir}")
         return p
-    why = incomplete_reason(ckpt_dir / name) if step_of(Path(name)) is not None and "/" not in name else \
+    named = step_of(Path(name)) is not None and "/" not in name
+    why = incomplete_reason(ckpt_dir / name, verify=verify) if named else \
         "not a step directory name (step_NNNNNN), last_good or latest"
     if why is not None:
         raise FileNotFoundError(f"{key}: {why} (in {ckpt_dir})")

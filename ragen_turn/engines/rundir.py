@@ -10,7 +10,8 @@ a crash, and the disk-full error.
 - :func:`atomic_write_text`: temp file, fsync, rename, fsync of the directory: a reader sees the old text or
   the new, never an empty or torn file.
 - :func:`writing`: turns a failed write on a full disk into ``DiskFull("no space left on device while writing
-  <path>")`` (torch's zip writer reports it as ``unexpected pos ...``, without the errno).
+  <path>")``, whichever writer reports it (torch's zip writer says ``unexpected pos ...`` without the errno,
+  safetensors raises a ``SafetensorError`` that is no ``OSError``; :func:`is_disk_full`).
 - :func:`clear_earlier_run` (``trainer.overwrite=true``) deletes what an earlier run left (:func:`take_run_dir`: the
   check, then that, what both engines' trainers call first); :func:`remove_if_unused`
   deletes a run directory that a command refused before its first step left with nothing of a run in it.
@@ -74,6 +75,11 @@ class TrainingStopped(RuntimeError):
     """A guard stopped the run (e.g. non-finite updates in a row); the message names the checkpoint to go back to."""
 
 
+class RunAborted(RuntimeError):
+    """A run ended by a fault it cannot go on from (verl: a Ray worker or rollout server died, an error in a
+    worker): the message is one line naming what happened, the traceback file and the resume command."""
+
+
 def _free_bytes(path: PathLike) -> Optional[int]:
     p = Path(path)
     while not p.exists() and p != p.parent:
@@ -87,21 +93,40 @@ def _free_bytes(path: PathLike) -> Optional[int]:
 FULL_BELOW_BYTES = 64 << 20  # a write error with less free space than this is read as a full disk
 
 
+_FULL_WORDS = ("no space left on device", "disk quota exceeded", "os error 28", "os error 122",
+               "errno 28", "errno 122")
+
+
+def is_disk_full(e: BaseException) -> bool:
+    """``e`` says the device is full: ``OSError`` ENOSPC / EDQUOT, or a writer that keeps only the words
+    (safetensors' ``SafetensorError: ... No space left on device (os error 28)``, an error passed on by a Ray
+    worker), anywhere in its chain of causes."""
+    seen = 0
+    while e is not None and seen < 8:
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if any(w in str(e).lower() for w in _FULL_WORDS):
+            return True
+        e, seen = e.__cause__ or e.__context__, seen + 1
+    return False
+
+
 @contextlib.contextmanager
 def writing(path: PathLike) -> Iterator[None]:
-    """Run a write of ``path``; a full disk comes out as :class:`DiskFull` naming ``path``."""
+    """Run a write of ``path``; a full disk comes out as :class:`DiskFull` naming ``path``, whichever writer
+    reports it (``OSError``, safetensors' ``SafetensorError``, torch's zip writer, json, a Ray worker's error)."""
     try:
         yield
     except DiskFull:
         raise
-    except OSError as e:
-        if e.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise DiskFull(path) from e
-        raise
-    except RuntimeError as e:  # torch.save's zip writer: "unexpected pos ..." / "file write failed", errno lost
-        free = _free_bytes(path)
-        if free is not None and free < FULL_BELOW_BYTES:
-            raise DiskFull(path, f" ({free} bytes free; {type(e).__name__}: {str(e).strip()[:200]})") from e
+    except Exception as e:
+        if is_disk_full(e):
+            raise DiskFull(path, f" ({type(e).__name__}: {str(e).strip().splitlines()[-1][:200]})"
+                           if not isinstance(e, OSError) else "") from e
+        if isinstance(e, RuntimeError):  # torch.save's zip writer: "unexpected pos ..." / "file write failed"
+            free = _free_bytes(path)
+            if free is not None and free < FULL_BELOW_BYTES:
+                raise DiskFull(path, f" ({free} bytes free; {type(e).__name__}: {str(e).strip()[:200]})") from e
         raise
 
 
@@ -271,11 +296,80 @@ def check_run_dir(cfg, log: Callable[[str], None] = print) -> RunDirLock:
             raise FileExistsError(f"{run_dir} already holds a run ({run_dir / METRICS_FILE}): trainer.resume=true "
                                   "continues it, trainer.overwrite=true starts it over, or set another "
                                   "trainer.experiment_name / trainer.default_local_dir")
+        if cfg.trainer.resume and not cfg.trainer.get("overwrite", False):
+            check_resume_config(cfg, run_dir)
     except BaseException:
         if not held_before:
             lock.release()
         raise
     return lock
+
+
+# what a run trains: a resume may change how it runs (steps, lr, logging, checkpoints), not these
+IDENTITY_KEYS = ("algo.name", "env.name", "model.name", "model.path", "seed", "engine.name",
+                 "algorithm.adv_estimator", "actor_rollout_ref.actor.policy_loss.loss_mode", "critic.level",
+                 "env.train_tags", "env_module")
+CONFIG_FILE = "config.yaml"
+
+
+def resume_config_changes(old, new) -> List[str]:
+    """``key: old -> new`` for each of :data:`IDENTITY_KEYS` that differs between a run's recorded config and a
+    resume's (``model.path`` only when both name one: the verl engine records the resolved directory)."""
+    from omegaconf import OmegaConf
+
+    out = []
+    for key in IDENTITY_KEYS:
+        a, b = OmegaConf.select(old, key, default=None), OmegaConf.select(new, key, default=None)
+        a = OmegaConf.to_container(a) if OmegaConf.is_config(a) else a
+        b = OmegaConf.to_container(b) if OmegaConf.is_config(b) else b
+        if key == "model.path" and (a is None or b is None):
+            continue
+        if a != b:
+            out.append(f"{key}: {a} -> {b}")
+    return out
+
+
+def check_resume_config(cfg, run_dir: PathLike) -> None:
+    """``trainer.resume=true`` into a run whose ``config.yaml`` trains something else (another algorithm, env,
+    model, seed, ...: :data:`IDENTITY_KEYS`) is refused naming the keys (``trainer.overwrite=true`` lets it)."""
+    from omegaconf import OmegaConf
+
+    path = Path(run_dir) / CONFIG_FILE
+    if not path.is_file():
+        return
+    try:
+        old = OmegaConf.load(path)
+    except Exception as e:  # noqa: BLE001 (a torn or hand-edited file: say so, do not guess)
+        raise ValueError(f"trainer.resume=true: {path} cannot be read ({type(e).__name__}: {e}); "
+                         "trainer.overwrite=true lets the resume go on") from None
+    changes = resume_config_changes(old, cfg)
+    if changes:
+        raise ValueError(f"trainer.resume=true: this config trains something else than the run in {run_dir} "
+                         f"({'; '.join(changes)}; the run's config: {path}): resume with the run's values, pick "
+                         "another trainer.experiment_name / trainer.default_local_dir, or set trainer.overwrite=true "
+                         "to resume anyway")
+
+
+def record_config(out_dir: PathLike, text: str, step: int) -> None:
+    """``config.yaml`` = this start's config (resolved); ``configs.jsonl`` keeps one line per start or resume
+    (``step`` it starts at, time, config), so the record of the steps before a resume is never lost. A fresh start
+    (step 0) begins a new history."""
+    import json
+
+    from omegaconf import OmegaConf
+
+    out_dir = Path(out_dir)
+    atomic_write_text(out_dir / CONFIG_FILE, text)
+    history = out_dir / "configs.jsonl"
+    entry = {"step": int(step), "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "pid": os.getpid(),
+             "config": OmegaConf.to_container(OmegaConf.create(text))}
+    line = json.dumps(entry, sort_keys=True) + "\n"
+    with writing(history):
+        if step == 0:
+            atomic_write_text(history, line)
+        else:
+            with open(history, "a") as f:
+                f.write(line)
 
 
 # ------------------------------------------------------------------------------------------------ overwrite, leftovers

@@ -51,6 +51,20 @@ def context_config(cfg: Any) -> ContextConfig:
                          include_env_instruction=ap.get("include_env_instruction", True))
 
 
+def check_context_fits(cfg: Any, tokenizer: Any) -> None:
+    """Before any warm start, env or rollout: the shortest first prompt any env can have (the bare system prompt,
+    the turn header and an empty state: no env text) plus one response fits ``agent_proxy.max_context_tokens``;
+    else ``ValueError`` naming the key (the rollout would refuse it only at its first prompt)."""
+    ctx = context_config(cfg)
+    ids = ChatFormatter(tokenizer).first_prompt(system_prompt("", ctx, raw=True), user_message("", 0, ctx))
+    need = len(ids) + ctx.response_length
+    if need > ctx.max_context_tokens:
+        raise ValueError(f"agent_proxy.max_context_tokens={ctx.max_context_tokens}: too small for any first turn: the "
+                         f"shortest first prompt (system prompt and turn header, no env text: {len(ids)} tokens) plus "
+                         f"one response (actor_rollout_ref.rollout.response_length={ctx.response_length}) needs "
+                         f"{need}")
+
+
 def answer_format(cfg: ContextConfig) -> str:
     if cfg.enable_think:
         return "<think> [your thoughts] </think> <answer> [your answer] </answer>"

@@ -96,6 +96,8 @@ class EnvGroupManager:
             for _ in range(n):
                 for _ in range(self.group_size):
                     env = make_env(spec["env_type"], dict(spec.get("env_config") or {})) if build_envs else None
+                    if hasattr(env, "set_slot"):  # an env whose episodes depend on its place (RAGEN's Bandit)
+                        env.set_slot(len(self.slots))
                     instruction = spec.get("env_instruction") or getattr(env, "instruction", "")
                     self.slots.append(EnvSlot(env=env, tag=tag, group_id=gid, instruction=str(instruction),
                                               max_actions=int(spec.get("max_actions_per_traj") or 10**9)))

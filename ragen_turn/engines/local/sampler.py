@@ -26,6 +26,10 @@ def _stop_candidates(tokenizer: Any, stop_strings: tuple) -> torch.Tensor:
     return _STOP_TABLES[key]
 
 
+class NonFiniteSampling(FloatingPointError):
+    """The next-token distribution holds NaN or inf (the trainer stops naming the checkpoint to go back to)."""
+
+
 @dataclass
 class _CachedRow:
     """One row of an earlier call: its real ``tokens`` and where their keys/values are:
@@ -174,6 +178,9 @@ class LocalSampler:
         if self.temperature == 0:
             return logits.argmax(dim=-1)
         probs = torch.softmax(logits.float() / self.temperature, dim=-1)
+        if not bool(torch.isfinite(probs).all()):  # torch.multinomial would fail with a bare RuntimeError
+            raise NonFiniteSampling("the policy's sampling distribution is not finite (non-finite logits: its "
+                                    "weights are not sound)")
         if self.top_p < 1.0:
             sorted_p, order = probs.sort(dim=-1, descending=True)
             cum = sorted_p.cumsum(dim=-1)

@@ -42,12 +42,14 @@ from ragen_turn.algos import (
 )
 from ragen_turn.config import model_config, policy_loss_config, validate_config
 from ragen_turn.engines import checkpoints as ckpt
-from ragen_turn.engines.common import advantage_metrics, compute_advantages, kept_rows, turn_critic_targets
+from ragen_turn.config import FilterSpec
+from ragen_turn.engines.common import advantage_metrics, compute_advantages, filter_rows, turn_critic_targets
 from ragen_turn.engines.rundir import (
     DiskFull,
     TrainingStopped,
     atomic_write_text,
     crash_point,
+    record_config,
     take_run_dir,
     writing,
 )
@@ -68,9 +70,10 @@ from ragen_turn.engines.runlog import (
 from ragen_turn.engines.runtime import derived_seed, pick_device, seed_everything
 from ragen_turn.models import CriticModel, load_model_and_tokenizer, logprobs_and_hidden, sequence_logprobs
 from ragen_turn.rollout import ChatFormatter, EnvGroupManager, Trajectory, context_config, run_episodes, throttled
+from ragen_turn.rollout.context import check_context_fits
 
 from .collapse import collapse_due, collapse_metrics
-from .sampler import LocalSampler
+from .sampler import LocalSampler, NonFiniteSampling
 
 
 @torch.no_grad()
@@ -115,6 +118,7 @@ class StarPOTrainer:
 
         self.actor, self.tokenizer = load_model_and_tokenizer(model_config(cfg), device="cpu", dtype=cfg.dtype)
         self.tokenizer.padding_side = "left"
+        check_context_fits(cfg, self.tokenizer)  # the checks that need the tokenizer, before any warm start
         from ragen_turn.warmstart import warmstart, warmstart_enabled
 
         if warmstart_enabled(cfg, log):
@@ -169,7 +173,7 @@ class StarPOTrainer:
             self.load_checkpoint()
         truncate_metrics(self.metrics_path, self.step, log=log)  # fresh run: fresh log; resumed: lines <= step
         truncate_metrics(self.out_dir / GENERATIONS_FILE, self.step, log=log)
-        atomic_write_text(self.out_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+        record_config(self.out_dir, OmegaConf.to_yaml(cfg, resolve=True), self.step)  # + configs.jsonl
         record_provenance(self.out_dir, self.step, self.actor)
 
     # -------------------------------------------------------------------------------- rollout
@@ -177,16 +181,19 @@ class StarPOTrainer:
         self.actor.eval()
         self.gen.manual_seed(derived_seed(self.cfg.seed, step, 7))
         slots = self.train_envs.assign_seeds(self.cfg.seed, step)
-        episodes = run_episodes(slots, self.sampler, self.formatter, self.ctx)
+        try:
+            episodes = run_episodes(slots, self.sampler, self.formatter, self.ctx)
+        except NonFiniteSampling as e:
+            raise TrainingStopped(f"step {step + 1}: {e}. {self.checkpoint_note()}") from None
         return Trajectory.from_episodes(episodes, self.tokenizer.pad_token_id)
 
     def filter_groups(self, batch: Trajectory) -> Trajectory:
-        """StarPO-S: keep the top ``rollout_filter_ratio`` env groups by reward std (or mean)."""
-        r = self.cfg.actor_rollout_ref.rollout
-        if r.rollout_filter_ratio >= 1.0:
-            return batch
-        return batch.select(kept_rows(batch.group_ids, batch.episode_rewards, r.rollout_filter_ratio,
-                                      r.rollout_filter_type))
+        """The rollout filter (StarPO-S top_k, RAGEN-2's top_p, ...: ``common.filter_rows``); its ``rollout/*``
+        metrics are left in ``self.filter_metrics``. The batch may come back empty (top_p when no group's rewards
+        vary): the step then trains on nothing."""
+        spec = FilterSpec.from_config(self.cfg.actor_rollout_ref.rollout)
+        rows, self.filter_metrics = filter_rows(batch.group_ids, batch.episode_rewards, spec)
+        return batch if len(rows) == batch.batch_size else batch.select(rows)
 
     # -------------------------------------------------------------------------------- scoring
     @torch.no_grad()
@@ -482,6 +489,73 @@ class StarPOTrainer:
             self.nonfinite_in_a_row = 0
         return metrics
 
+    # -------------------------------------------------------------------------------- weights' soundness
+    MAX_RELATIVE_UPDATE = 1.0  # an update moving a model's weights by more than their own norm is a blow-up
+
+    def _trained_modules(self) -> Dict[str, torch.nn.Module]:
+        mods = {"actor": self.actor}
+        if self.critic is not None:
+            mods["critic"] = self.critic.value_head if self.shared_critic else self.critic
+        return mods
+
+    def sound_update(self, batch: Trajectory) -> Dict[str, float]:
+        """:meth:`update`, then the weights are part of the soundness check: an update that leaves non-finite
+        weights, or moves a model's weights by more than :data:`MAX_RELATIVE_UPDATE` times their norm (a finite
+        blow-up, e.g. lr=1e30: the loss and gradient are finite, the weights reach 1e30 and the next rollout's
+        sampling distribution is not finite) is treated like a non-finite loss: the weights and optimizer states
+        are put back, the checkpoint before is not confirmed (``last_good`` stays), and the step counts toward
+        ``trainer.max_nonfinite_steps``. Costs a copy of the weights and optimizer states (on the CPU) per step.
+        Metrics: ``<model>/weights_update_rel`` (||w_after - w_before|| / max(||w_before||, 1))."""
+        mods = self._trained_modules()
+        optims = [o for o in (self.actor_optim, self.critic_optim) if o is not None]
+        before = {k: {n: t.detach().to("cpu", copy=True) for n, t in m.state_dict().items()} for k, m in mods.items()}
+        optim_before = [copy.deepcopy(o.state_dict()) for o in optims]
+        in_a_row = self.nonfinite_in_a_row
+
+        def put_back() -> None:
+            for k, m in mods.items():
+                m.load_state_dict(before[k])
+            for o, state in zip(optims, optim_before):
+                o.load_state_dict(state)
+
+        try:
+            metrics = self.update(batch)
+        except TrainingStopped:  # stopped by a skipped update: the weights it left are not kept either
+            put_back()
+            raise
+        bad = []
+        for k, m in mods.items():
+            num = den = 0.0
+            finite = True
+            for n, t in m.state_dict().items():
+                if not t.is_floating_point():
+                    continue
+                a, b = t.detach().double().cpu(), before[k][n].double()  # 1e30 ** 2 overflows float32
+                finite = finite and bool(torch.isfinite(a).all())
+                num += float((a - b).pow(2).sum())
+                den += float(b.pow(2).sum())
+            # relative to the weights' norm, and to 1 at least (a zero-initialised value head starts at norm 0)
+            rel = (num ** 0.5) / max(den ** 0.5, 1.0) if finite else float("inf")
+            metrics[f"{k}/weights_update_rel"] = rel
+            if not finite:
+                bad.append(f"{k} weights not finite")
+            elif not rel <= self.MAX_RELATIVE_UPDATE:
+                bad.append(f"{k} weights moved by {rel:.3g} x their norm")
+        metrics["actor/weights_unsound"] = float(bool(bad))
+        if not bad:
+            return metrics
+        put_back()
+        self.nonfinite_in_a_row = in_a_row + 1
+        self.log(f"[warn] step {self.step + 1}: the update left unsound weights ({'; '.join(bad)}): "
+                 "weights and optimizer states put back")
+        if self.nonfinite_in_a_row >= self.cfg.trainer.max_nonfinite_steps:
+            lr = self.cfg.actor_rollout_ref.actor.optim.lr
+            raise TrainingStopped(f"unsound updates (non-finite or exploding weights, non-finite or rolled-back "
+                                  f"updates) in {self.nonfinite_in_a_row} steps in a row (trainer.max_nonfinite_steps="
+                                  f"{self.cfg.trainer.max_nonfinite_steps}); lower the learning rate "
+                                  f"(actor_rollout_ref.actor.optim.lr={lr}). {self.checkpoint_note()}")
+        return metrics
+
     # -------------------------------------------------------------------------------- one step
     def train_step(self) -> Dict[str, float]:
         t0 = time.time()
@@ -496,6 +570,10 @@ class StarPOTrainer:
                                             self.cfg.micro_batch_size_per_gpu, derived_seed(self.cfg.seed, self.step, 11)))
             metrics["perf/collapse_s"] = time.time() - t1
         batch = self.filter_groups(batch)
+        metrics.update(self.filter_metrics)
+        if batch.batch_size == 0:
+            return self._empty_step(metrics, t0, t_roll)
+        self.empty_filtered_steps = 0
         self.score(batch)
         self.compute_advantages(batch)
         if self.critic is not None:
@@ -512,7 +590,7 @@ class StarPOTrainer:
                                       f"check the rewards. {self.checkpoint_note()}")
         else:
             t1 = time.time()
-            metrics.update(self.update(batch))
+            metrics.update(self.sound_update(batch))  # update() with the weights' soundness check
             metrics["perf/update_s"] = time.time() - t1
         dt = time.time() - t0
         metrics["perf/rollout_s"] = t_roll
@@ -521,6 +599,16 @@ class StarPOTrainer:
         metrics["perf/sampled_tokens_per_s"] = float(batch.response_mask.sum()) / max(t_roll, 1e-9)
         metrics["perf/prefix_cache_tokens"] = float(getattr(self.sampler, "cached_tokens_reused", 0) - reused0)
         metrics["env/kept_episodes"] = float(batch.batch_size)
+        return metrics
+
+    def _empty_step(self, metrics: Dict[str, float], t0: float, t_roll: float) -> Dict[str, float]:
+        """A step whose filter kept no group (RAGEN's ``rollout/empty_after_filter``): no update, the weights stay."""
+        self.empty_filtered_steps = getattr(self, "empty_filtered_steps", 0) + 1
+        self.log(f"[warn] step {self.step + 1}: the rollout filter kept no env group (no reward spread in any group); "
+                 f"no update ({self.empty_filtered_steps} such step(s) in a row)")
+        metrics.update({"rollout/empty_after_filter": 1.0,
+                        "rollout/consecutive_empty_after_filter_steps": float(self.empty_filtered_steps),
+                        "perf/rollout_s": t_roll, "perf/step_s": time.time() - t0, "env/kept_episodes": 0.0})
         return metrics
 
     def evaluate(self, envs: Optional[EnvGroupManager] = None, prefix: str = "val") -> Dict[str, float]:
@@ -673,18 +761,44 @@ class StarPOTrainer:
                          + ", ".join(f"{k} {old} -> {new}" for k, (old, new) in changed.items()))
 
     def load_checkpoint(self) -> bool:
-        """Resume: ``trainer.resume_from`` when set, else the newest complete checkpoint (``latest`` is read first;
-        a missing, empty or stale one is said and passed over). Checkpoints after the loaded step are removed."""
+        """Resume: ``trainer.resume_from`` when set, else the newest complete checkpoint whose files match their
+        sha256 (``latest`` is read first; a missing, empty, garbage or stale one is said and passed over); one that
+        fails its checksum or its load is said and the next older one tried. Checkpoints after the loaded step
+        are removed."""
         name = self.cfg.trainer.get("resume_from")
-        path = ckpt.find(self.ckpt_dir, name) if name else ckpt.resume_point(self.ckpt_dir, log=self.log)
-        if path is None:
-            self.log(f"[ragen_turn] trainer.resume=true but no checkpoint in {self.ckpt_dir}: starting fresh")
-            return False
+        if name:
+            path = ckpt.find(self.ckpt_dir, name, verify=True)
+            self._load_state(path)
+        else:
+            tried: tuple = ()
+            while True:
+                path = ckpt.resume_point(self.ckpt_dir, log=self.log, skip=tried)
+                if path is None:
+                    if ckpt.step_dirs(self.ckpt_dir):
+                        raise FileNotFoundError(
+                            f"trainer.resume=true: no checkpoint in {self.ckpt_dir} loads (see the lines above); "
+                            "trainer.overwrite=true starts the run over")
+                    self.log(f"[ragen_turn] trainer.resume=true but no checkpoint in {self.ckpt_dir}: starting fresh")
+                    return False
+                try:
+                    self._load_state(path)
+                    break
+                except Exception as e:  # a file the checksum did not catch (no sha256 in its manifest)
+                    self.log(f"[ragen_turn] checkpoint {path} failed to load ({type(e).__name__}: "
+                             f"{str(e).strip()[:200]}); trying an older one")
+                    tried += (path.name,)
+        ckpt.drop_after(self.ckpt_dir, self.step, log=self.log)
+        self.unconfirmed = path
+        self.log(f"[ragen_turn] resumed from {path} at step {self.step}")
+        return True
+
+    def _load_state(self, path: Path) -> None:
+        """Weights, optimizer moments, step and RNG states from checkpoint directory ``path``."""
         from transformers import AutoModelForCausalLM
 
         loaded = AutoModelForCausalLM.from_pretrained(path / "actor", dtype=self.dtype, local_files_only=True)
-        self.actor.load_state_dict(loaded.state_dict())
         state = torch.load(path / "trainer_state.pt", weights_only=False)
+        self.actor.load_state_dict(loaded.state_dict())
         self._load_optimizer(self.actor_optim, state["actor_optim"], "actor")
         if self.shared_critic:
             self.critic.load_value_head(path / "critic")
@@ -697,10 +811,6 @@ class StarPOTrainer:
         random.setstate(state["rng"]["python"])
         np.random.set_state(state["rng"]["numpy"])
         torch.set_rng_state(state["rng"]["torch"])
-        ckpt.drop_after(self.ckpt_dir, self.step, log=self.log)
-        self.unconfirmed = path
-        self.log(f"[ragen_turn] resumed from {path} at step {self.step}")
-        return True
 
 
 def warmup_lr_factor(optim_cfg, index: int, total_steps: int) -> float:

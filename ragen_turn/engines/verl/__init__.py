@@ -20,6 +20,8 @@ import importlib.util
 import os
 from typing import Any, Dict, Iterator
 
+from ragen_turn.engines.rundir import RunAborted
+
 VERL_VERSION = "0.9.1"
 INSTALL_HINT = ("engine=verl needs verl {v}: pip install -e '.[verl]' (CPU: verl with the CPU torch) or "
                 "pip install -e '.[gpu]' (GPUs: verl[vllm]=={v}); both add cachetools uvicorn fastapi pyzmq msgspec."
@@ -75,7 +77,12 @@ def model_path_for_verl(cfg: Any, log=print) -> str:
     if cfg.get("model_path"):
         model["path"] = cfg.model_path
     path = resolve_model_path(model, dtype=cfg.get("dtype"))
+    from transformers import AutoTokenizer
+
+    from ragen_turn.rollout.context import check_context_fits
     from ragen_turn.warmstart import warmstart_dir, warmstart_enabled
+
+    check_context_fits(cfg, AutoTokenizer.from_pretrained(str(path), local_files_only=True))  # before the SFT
 
     if warmstart_enabled(cfg, log):
         path = warmstart_dir(cfg, path, log=log)
@@ -101,20 +108,24 @@ def check_config(cfg: Any) -> None:
 
 
 @contextlib.contextmanager
-def private_tmpdir(vcfg: Any) -> Iterator[str]:
-    """A temporary directory of this run, the ``TMPDIR`` of every Ray worker (``ray_kwargs.ray_init.runtime_env``),
-    removed when the block ends.
+def private_tmpdir(vcfg: Any, watch: bool = True) -> Iterator[str]:
+    """A temporary directory of this run: the ``TMPDIR`` of every Ray worker (``ray_kwargs.ray_init.runtime_env``)
+    and Ray's own temp dir (``ray_init._temp_dir``: the Ray session folder); when the block ends, the run's
+    processes still alive are ended and the directory is removed (:mod:`.watchdog`). ``watch``: a watchdog
+    process does the same if this process dies without running its ``finally`` (``kill -9``).
 
     verl's checkpoint code (``verl.utils.fs.local_mkdir_safe``) leaves an empty ``ckpt_<hash>.lock`` in
     ``tempfile.gettempdir()`` for every checkpoint directory in every process that writes one (the task runner, each
-    actor and critic rank), and never deletes it: in ``/tmp``, a run left a few of these per checkpoint. Ray merges
-    the job's ``env_vars`` into every worker's. A short path under the system's temp directory (sockets made under
-    ``TMPDIR`` must stay short); torch's compile cache keeps its usual place so runs still share it.
+    actor and critic rank), and never deletes it: in ``/tmp``, a run left a few of these per checkpoint; Ray leaves
+    a session folder (2-3 MB) per run. Ray merges the job's ``env_vars`` into every worker's. A short path under
+    the system's temp directory (Ray's sockets live under it and must stay short); torch's compile cache keeps its
+    usual place so runs still share it.
     """
-    import shutil
     import tempfile
 
     from omegaconf import open_dict
+
+    from . import watchdog
 
     tmp = tempfile.mkdtemp(prefix="ragen_turn_verl_")
     env = vcfg.ray_kwargs.ray_init.runtime_env.env_vars
@@ -122,10 +133,85 @@ def private_tmpdir(vcfg: Any) -> Iterator[str]:
         env["TMPDIR"] = tmp
         if "TORCHINDUCTOR_CACHE_DIR" not in env and "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
             env["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}")
+    with open_dict(vcfg.ray_kwargs.ray_init):
+        vcfg.ray_kwargs.ray_init["_temp_dir"] = os.path.join(tmp, "ray")
+    guard = watchdog.start(os.getpid(), tmp) if watch else None
     try:
         yield tmp
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        watchdog.cleanup(tmp)
+        if guard is not None:
+            guard.kill()
+            guard.wait()
+
+
+_DIED = ("ActorDiedError", "RayActorError", "ActorUnavailableError", "WorkerCrashedError", "LocalRayletDiedError",
+         "NodeDiedError", "OwnerDiedError", "ObjectLostError", "RaySystemError", "OutOfMemoryError")
+
+
+def _cause(e: BaseException) -> BaseException:
+    """The error a Ray task raised (``RayTaskError.cause``, through any nesting)."""
+    seen = 0
+    while getattr(e, "cause", None) is not None and seen < 8 and e.cause is not e:
+        e, seen = e.cause, seen + 1
+    return e
+
+
+def what_died(e: BaseException) -> str:
+    """``Ray actor <class> (pid N)`` from a Ray death error's message, else its kind."""
+    import re
+
+    text = str(e)
+    cls = re.search(r"class_name: (\S+)", text)
+    pid = re.search(r"\bpid: (\d+)", text)
+    if cls:  # verl's colocated workers: create_colocated_worker_cls.<locals>.WorkerDict
+        return f"the Ray actor {cls.group(1).split('.')[-1]}" + (f" (pid {pid.group(1)})" if pid else "")
+    return {"WorkerCrashedError": "a Ray worker", "LocalRayletDiedError": "Ray's raylet",
+            "NodeDiedError": "a Ray node", "OutOfMemoryError": "a Ray worker (out of memory)"}.get(
+        type(e).__name__, f"a Ray process ({type(e).__name__})")
+
+
+def resume_command() -> str:
+    """This command with ``trainer.resume=true``."""
+    import shlex
+    import sys
+
+    args = [a for a in sys.argv[1:] if not a.startswith(("trainer.resume=", "trainer.overwrite="))]
+    return "python -m ragen_turn.train " + " ".join(shlex.quote(a) for a in args) + " trainer.resume=true"
+
+
+def run_failure(e: BaseException, out_dir: Any) -> BaseException:
+    """The error ``launch`` raises for ``e`` from ``run_ppo``: what our code raised in the task runner (a config
+    error, ``DiskFull``, ``TrainingStopped``) as itself; anything else as one :class:`RunAborted` line (what died
+    or failed, the resume command), the full traceback in ``<run>/error.log``."""
+    import traceback
+    from pathlib import Path
+
+    from ragen_turn.engines import checkpoints as ckpt
+    from ragen_turn.engines.rundir import DiskFull, TrainingStopped, is_disk_full
+
+    out_dir = Path(out_dir)
+    cause = _cause(e)
+    newest = ckpt.newest_complete(out_dir)
+    note = (f"resume from the newest complete checkpoint ({newest.name}) with: {resume_command()}"
+            if newest is not None else f"no checkpoint was written in {out_dir}; start it again")
+    if isinstance(cause, DiskFull) or (not isinstance(cause, TrainingStopped) and is_disk_full(cause)):
+        path = cause.path if isinstance(cause, DiskFull) else out_dir
+        return DiskFull(path, f"; {note}")
+    if isinstance(cause, (TrainingStopped, ValueError, FileNotFoundError, FileExistsError)):
+        return cause
+    log = out_dir / "error.log"
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with open(log, "a") as f:
+            f.write("".join(traceback.format_exception(type(e), e, e.__traceback__)) + "\n")
+        where = f"traceback: {log}"
+    except OSError:
+        where = "no traceback written (the run dir is not writable)"
+    if type(cause).__name__ in _DIED or type(e).__name__ in _DIED:
+        return RunAborted(f"{what_died(cause)} died; the run stopped ({where}); {note}")
+    last = str(cause).strip().splitlines()[-1][:300] if str(cause).strip() else ""
+    return RunAborted(f"the run failed: {type(cause).__name__}: {last} ({where}); {note}")
 
 
 def launch(cfg: Any) -> Dict[str, float]:
@@ -160,6 +246,8 @@ def launch(cfg: Any) -> Dict[str, float]:
     with private_tmpdir(vcfg):
         try:
             run_ppo(vcfg, task_runner_class=TaskRunner)
+        except Exception as e:  # one line (train.py prints it), the traceback in <run>/error.log
+            raise run_failure(e, vcfg.ragen.trainer.default_local_dir) from None
         finally:
             if started and ray.is_initialized():
                 ray.shutdown()
@@ -173,5 +261,5 @@ def launch(cfg: Any) -> Dict[str, float]:
     return last
 
 
-__all__ = ["launch", "check_config", "private_tmpdir", "build_verl_config", "model_path_for_verl", "require_verl", "VerlNotInstalled", "INSTALL_HINT",
-           "VERL_VERSION"]
+__all__ = ["launch", "check_config", "private_tmpdir", "RunAborted", "run_failure", "build_verl_config",
+           "model_path_for_verl", "require_verl", "VerlNotInstalled", "INSTALL_HINT", "VERL_VERSION"]

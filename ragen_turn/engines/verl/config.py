@@ -13,7 +13,7 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, FrozenSet, Optional
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
@@ -28,6 +28,31 @@ DEVICES = ("auto", "cpu", "cuda")
 ROLLOUTS = ("hf", "vllm", "sglang")
 STRATEGIES = ("fsdp", "fsdp2", "megatron")
 INSTALL = {"cpu": "pip install -e '.[verl]'", "cuda": "pip install -e '.[gpu]'"}
+
+
+OPTIONAL_PACKAGES = ("vllm", "sglang", "flash_attn")  # what a GPU machine may or may not have
+
+
+@dataclass(frozen=True)
+class Host:
+    """The machine verl will run on, as far as the mapping needs it: CUDA devices and optional packages.
+
+    :meth:`this_machine` probes the running process (what ``launch`` uses). A test, or a check of a GPU
+    config on a machine without a GPU, passes another:
+    ``Host(cuda_devices=8, installed=frozenset({"vllm"}))``.
+    """
+
+    cuda_devices: int                      # visible CUDA devices (0: no GPU)
+    installed: FrozenSet[str] = frozenset()  # the importable names of OPTIONAL_PACKAGES
+
+    @staticmethod
+    def this_machine() -> "Host":
+        import importlib.util
+
+        import torch
+
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        return Host(gpus, frozenset(m for m in OPTIONAL_PACKAGES if importlib.util.find_spec(m) is not None))
 
 
 @dataclass(frozen=True)
@@ -47,16 +72,14 @@ class Placement:
         return self.n_gpus_per_node * self.nnodes
 
 
-def resolve_placement(cfg: DictConfig) -> Placement:
-    """``engine.verl.device`` (auto: cuda when torch sees a GPU, else cpu) and the defaults that follow from it.
+def resolve_placement(cfg: DictConfig, host: Optional[Host] = None) -> Placement:
+    """``engine.verl.device`` (auto: cuda when ``host`` has a GPU, else cpu) and the defaults that follow.
 
-    Raises ValueError naming the key for an unknown device / rollout / strategy, cuda without a GPU,
-    vllm or sglang on cpu or not installed, FSDP1 on cpu, and a non-positive worker count.
+    ``host`` defaults to :meth:`Host.this_machine`. Raises ValueError naming the key for an unknown device /
+    rollout / strategy, cuda without a GPU, vllm or sglang on cpu or not installed, FSDP1 on cpu, more GPUs
+    per node than a one-node cuda host has, and a non-positive worker count.
     """
-    import importlib.util
-
-    import torch
-
+    host = host or Host.this_machine()
     v = cfg.engine.verl
     device = str(v.get("device") or "auto")
     if device.startswith("cuda:"):
@@ -64,8 +87,8 @@ def resolve_placement(cfg: DictConfig) -> Placement:
     if device not in DEVICES:
         raise ValueError(f"engine.verl.device must be one of {DEVICES}, got {device!r}")
     if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    elif device == "cuda" and not torch.cuda.is_available():
+        device = "cuda" if host.cuda_devices > 0 else "cpu"
+    elif device == "cuda" and host.cuda_devices < 1:
         raise ValueError("engine.verl.device=cuda but torch sees no GPU: use engine.verl.device=cpu (or auto)")
     rollout = v.get("rollout") or ("hf" if device == "cpu" else "vllm")
     if rollout not in ROLLOUTS:
@@ -73,7 +96,7 @@ def resolve_placement(cfg: DictConfig) -> Placement:
     if rollout != "hf":
         if device == "cpu":
             raise ValueError(f"engine.verl.rollout={rollout} needs a GPU; on cpu use engine.verl.rollout=hf")
-        if importlib.util.find_spec(rollout) is None:
+        if rollout not in host.installed:
             raise ValueError(f"engine.verl.rollout={rollout} but {rollout} is not installed "
                              f"({INSTALL['cuda']} installs vllm); or use engine.verl.rollout=hf")
     strategy = v.get("strategy") or ("fsdp2" if device == "cpu" else "fsdp")
@@ -83,10 +106,14 @@ def resolve_placement(cfg: DictConfig) -> Placement:
         raise ValueError(f"engine.verl.strategy={strategy} does not run on cpu (FSDP1 refuses CPU parameters, "
                          "Megatron needs GPUs): use engine.verl.strategy=fsdp2")
     n = cfg.trainer.get("n_gpus_per_node")
-    n = int(n) if n is not None else (1 if device == "cpu" else torch.cuda.device_count())
+    n = int(n) if n is not None else (1 if device == "cpu" else host.cuda_devices)
     nnodes = int(cfg.trainer.get("nnodes") or 1)
     if n < 1 or nnodes < 1:
         raise ValueError(f"trainer.n_gpus_per_node ({n}) and trainer.nnodes ({nnodes}) must be >= 1 for engine=verl")
+    if device == "cuda" and nnodes == 1 and n > host.cuda_devices:
+        raise ValueError(f"trainer.n_gpus_per_node={n} but this machine has {host.cuda_devices} GPU(s): Ray "
+                         f"would wait for GPUs that never come; set trainer.n_gpus_per_node<="
+                         f"{host.cuda_devices} (or null)")
     if device == "cpu" and nnodes != 1:
         raise ValueError("engine.verl.device=cpu runs on this machine only: trainer.nnodes must be 1")
     workers = v.get("agent_num_workers")
@@ -112,16 +139,18 @@ def _plain(x: Any) -> Any:
     return OmegaConf.to_container(x, resolve=True) if OmegaConf.is_config(x) else x
 
 
-def check_ragen_config(cfg: DictConfig) -> Placement:
+def check_ragen_config(cfg: DictConfig, host: Optional[Host] = None) -> Placement:
     """Our config checks (``ragen_turn.config``) plus everything verl's step needs; ValueError naming the key.
 
-    Runs before Ray starts. Besides the shared checks: the placement (:func:`resolve_placement`),
-    and verl's batching: the kept batch is split evenly into ``ppo_mini_batch_size`` mini-batches, both
+    Runs before Ray starts. Besides the shared checks: the placement (:func:`resolve_placement`, on
+    ``host``), verl's batching: the kept batch is split evenly into ``ppo_mini_batch_size`` mini-batches, both
     over the data-parallel workers, and each worker's share of a mini-batch into micro-batches of
-    ``micro_batch_size_per_gpu`` (verl's ``workers/engine/utils.py`` asserts this mid-step otherwise).
+    ``micro_batch_size_per_gpu`` (verl's ``workers/engine/utils.py`` asserts this mid-step otherwise); and the
+    rollout engines: ``rollout_tp`` GPUs each must tile the workers (verl's actor worker asserts this when it
+    builds the rollout), ``gpu_memory_utilization`` a fraction.
     """
     validate_config(_without_device(cfg))
-    p = resolve_placement(cfg)
+    p = resolve_placement(cfg, host)
     # keys only the local engine has: said before the warm start and Ray (not when mapping onto verl's)
     if cfg.critic.level != "none" and cfg.critic.get("shared_backbone", False):
         raise ValueError("critic.shared_backbone=true runs on engine=local only: verl trains a separate critic model")
@@ -131,8 +160,9 @@ def check_ragen_config(cfg: DictConfig) -> Placement:
     if cfg.trainer.get("time_budget_s") is not None:
         raise ValueError("trainer.time_budget_s runs on engine=local only: on verl, set trainer.total_training_steps")
     v = cfg.engine.verl
-    kept = kept_batch_size(cfg)
     bm = int(cfg.ppo_mini_batch_size)
+    kept = kept_batch_size(cfg) or bm  # a filter of reward-dependent size: each step's kept rows are padded to a
+                                       # multiple of lcm(ppo_mini_batch_size, data-parallel size) (RAGEN's copy mode)
     mb = int(cfg.micro_batch_size_per_gpu)
     if kept % bm:
         raise ValueError(f"ppo_mini_batch_size={bm} must divide the rollout batch after filtering ({kept} = "
@@ -146,9 +176,22 @@ def check_ragen_config(cfg: DictConfig) -> Placement:
             raise ValueError(f"micro_batch_size_per_gpu={mb} must divide each worker's share of a mini-batch "
                              f"(ppo_mini_batch_size / data parallel size = {bm} / {dp} = {bm // dp}): "
                              f"e.g. micro_batch_size_per_gpu={math.gcd(mb, bm // dp)}")
-    if p.rollout == "hf" and int(v.rollout_tp) != 1:
+    tp = int(v.rollout_tp)
+    if p.rollout == "hf" and tp != 1:
         raise ValueError(f"engine.verl.rollout=hf runs one server per worker: engine.verl.rollout_tp must be 1, "
                          f"got {v.rollout_tp}")
+    if tp < 1 or p.world_size % tp:
+        raise ValueError(f"engine.verl.rollout_tp={tp} must divide the FSDP workers (trainer.n_gpus_per_node "
+                         f"x trainer.nnodes = {p.world_size}): verl runs world_size / rollout_tp rollout "
+                         f"engines of rollout_tp GPUs each; e.g. "
+                         f"engine.verl.rollout_tp={math.gcd(max(tp, 1), p.world_size)}")
+    if tp > p.n_gpus_per_node and tp % p.n_gpus_per_node:
+        raise ValueError(f"engine.verl.rollout_tp={tp} spans nodes: it must be a multiple of "
+                         f"trainer.n_gpus_per_node ({p.n_gpus_per_node})")
+    gmu = float(v.gpu_memory_utilization)
+    if p.rollout != "hf" and not 0 < gmu <= 1:
+        raise ValueError(f"engine.verl.gpu_memory_utilization={gmu} must be in (0, 1]: the share of each "
+                         f"GPU's memory {p.rollout} may take for weights and KV cache")
     pl = cfg.actor_rollout_ref.actor.policy_loss
     from ragen_turn.algos import needs_minibatch_stats
 
@@ -170,10 +213,12 @@ def _without_device(cfg: DictConfig) -> DictConfig:
     return c
 
 
-def attn_implementation(device: str) -> str:
-    from .models import attn_implementation as pick
+def attn_implementation(device: str, host: Optional[Host] = None) -> str:
+    """``flash_attention_2`` on cuda when ``host`` has flash-attn, else ``sdpa`` (see :mod:`.models`)."""
+    from .models import FLASH_ATTENTION, SDPA
 
-    return pick(device)
+    host = host or Host.this_machine()
+    return FLASH_ATTENTION if device != "cpu" and "flash_attn" in host.installed else SDPA
 
 
 def mixed_precision(dtype: str) -> Dict[str, str]:
@@ -206,9 +251,14 @@ def ray_resources(p: Placement, num_cpus: Optional[int] = None) -> Dict[str, Any
     return {"num_cpus": int(num_cpus) if num_cpus else max(need, os.cpu_count() or 1), "num_gpus": p.world_size}
 
 
-def to_verl_config(cfg: DictConfig, model_path: Optional[str] = None) -> DictConfig:
-    """Map our resolved config onto verl's. ``model_path`` defaults to ``model.path`` / ``model_path``."""
-    p = check_ragen_config(cfg)
+def to_verl_config(cfg: DictConfig, model_path: Optional[str] = None,
+                   host: Optional[Host] = None) -> DictConfig:
+    """Map our resolved config onto verl's. ``model_path`` defaults to ``model.path`` / ``model_path``.
+
+    ``host``: the machine the run is for (default: this one; see :class:`Host`).
+    """
+    host = host or Host.this_machine()
+    p = check_ragen_config(cfg, host)
     v = cfg.engine.verl
     ar = cfg.actor_rollout_ref
     a, r = ar.actor, ar.rollout
@@ -216,12 +266,11 @@ def to_verl_config(cfg: DictConfig, model_path: Optional[str] = None) -> DictCon
     if not path:
         raise ValueError("engine=verl needs model.path (a local Hugging Face checkpoint directory; "
                          "`python -m ragen_turn.models export tiny DIR` writes a tiny one)")
-    kept = kept_batch_size(cfg)
+    kept = kept_batch_size(cfg) or cfg.es_manager.train.env_groups * cfg.es_manager.train.group_size
     mb = int(cfg.micro_batch_size_per_gpu)
     critic_on = cfg.critic.level != "none"
     out_dir = str(Path(cfg.trainer.default_local_dir).expanduser().resolve())
-    keep = int(cfg.trainer.keep_checkpoints) if cfg.trainer.keep_checkpoints else None
-    attn = attn_implementation(p.device)
+    attn = attn_implementation(p.device, host)
     model = {
         "path": path,
         "external_lib": "ragen_turn.engines.verl.register",
@@ -291,6 +340,7 @@ def to_verl_config(cfg: DictConfig, model_path: Optional[str] = None) -> DictCon
                 "top_p": float(r.top_p),
                 "tensor_model_parallel_size": int(v.rollout_tp),
                 "gpu_memory_utilization": float(v.gpu_memory_utilization),
+                "dtype": str(cfg.dtype),  # sampling in the actor's dtype (verl's default: bf16)
                 "log_prob_micro_batch_size_per_gpu": mb,
                 "calculate_log_probs": True,
                 "val_kwargs": {"temperature": float(r.val_temperature), "do_sample": float(r.val_temperature) > 0,
@@ -336,8 +386,10 @@ def to_verl_config(cfg: DictConfig, model_path: Optional[str] = None) -> DictCon
             "val_before_train": bool(cfg.trainer.val_before_train),
             "save_freq": int(cfg.trainer.save_freq),
             "test_freq": int(cfg.trainer.test_freq),
-            "max_actor_ckpt_to_keep": keep,
-            "max_critic_ckpt_to_keep": keep,
+            # rotation is the driver's (trainer._save_checkpoint: every global_step_* in the run dir, also after a
+            # resume); verl's workers only know the paths their own process saved
+            "max_actor_ckpt_to_keep": None,
+            "max_critic_ckpt_to_keep": None,
             "balance_batch": True,
             "critic_warmup": int(cfg.trainer.critic_warmup),
         },
@@ -360,10 +412,18 @@ def to_verl_config(cfg: DictConfig, model_path: Optional[str] = None) -> DictCon
 
 
 def check_verl_config(vcfg: DictConfig) -> Dict[str, Any]:
-    """Build verl's config objects from ``vcfg`` with verl's own classes (raises on anything they reject).
+    """Build verl's config objects from ``vcfg`` with verl's own classes and checks (raises what they raise).
 
-    Returns the built objects (``actor``, ``critic``, ``rollout``, ``model``, ``algorithm``) for inspection.
-    This loads the model's config and tokenizer from ``model.path`` (local files only), as verl does.
+    What verl's trainer runs before it starts workers: ``validate_config`` (its batch arithmetic, which builds
+    and validates the actor and critic configs) and the dataclasses of the actor, rollout, model, algorithm
+    and critic (their ``__post_init__`` checks). Then what the workers build first, where verl's code can run
+    without a GPU: the reference config as the actor worker renames it (when a reference model is used), and
+    verl's ``RolloutReplica`` set-up of every rollout engine (world size / GPUs per node); plus the actor
+    worker's check that the rollout engines tile the workers, which verl asserts only inside the worker.
+
+    Returns the built objects (``actor``, ``rollout``, ``model``, ``algorithm``, ``critic``, ``ref``,
+    ``replicas``) for inspection. This loads the model's config and tokenizer from ``model.path`` (local files
+    only), as verl does.
     """
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import omega_conf_to_dataclass, validate_config
@@ -377,5 +437,42 @@ def check_verl_config(vcfg: DictConfig) -> Dict[str, Any]:
     }
     if need_critic(vcfg):
         built["critic"] = omega_conf_to_dataclass(vcfg.critic)
+    if need_reference_policy(vcfg):
+        built["ref"] = omega_conf_to_dataclass(reference_section(vcfg))
+    built["replicas"] = rollout_replicas(vcfg, built["rollout"], built["model"])
     return built
 
+
+def reference_section(vcfg: DictConfig) -> DictConfig:
+    """``actor_rollout_ref.ref`` as verl's ``ActorRolloutRefWorker.init_model`` hands it to
+    ``FSDPActorConfig``: the actor's mini-batch size, the ``log_prob_*`` keys under the ``ppo_*`` names."""
+    ref = OmegaConf.create(OmegaConf.to_container(vcfg.actor_rollout_ref.ref, resolve=True))
+    with open_dict(ref):
+        ref.ppo_mini_batch_size = vcfg.actor_rollout_ref.actor.ppo_mini_batch_size
+        ref.ppo_micro_batch_size = ref.pop("log_prob_micro_batch_size", None)
+        ref.ppo_micro_batch_size_per_gpu = ref.pop("log_prob_micro_batch_size_per_gpu", None)
+        ref.use_dynamic_bsz = ref.pop("log_prob_use_dynamic_bsz", False)
+        ref.ppo_max_token_len_per_gpu = ref.pop("log_prob_max_token_len_per_gpu", None)
+    return ref
+
+
+def rollout_replicas(vcfg: DictConfig, rollout: Any, model: Any) -> list:
+    """verl's ``RolloutReplica.__init__`` for each rollout engine the run starts (no server is launched).
+
+    verl's ``LLMServerManager`` starts ``world_size // (tp x dp x pp)`` engines; its actor worker asserts that
+    they cover the workers exactly. ValueError naming ``engine.verl.rollout_tp`` when they do not.
+    """
+    from verl.workers.rollout.replica import RolloutReplica
+
+    class ConfigOnlyReplica(RolloutReplica):
+        async def launch_servers(self):
+            raise NotImplementedError("a replica built to check its config only")
+
+    world = int(vcfg.trainer.n_gpus_per_node) * int(vcfg.trainer.nnodes)
+    per_engine = (rollout.tensor_model_parallel_size * rollout.data_parallel_size
+                  * rollout.pipeline_model_parallel_size)
+    if per_engine < 1 or world % per_engine:
+        raise ValueError(f"a rollout engine spans {per_engine} GPUs (engine.verl.rollout_tp x verl's data "
+                         f"and pipeline parallel sizes), which must divide the {world} FSDP workers")
+    return [ConfigOnlyReplica(replica_rank=r, config=vcfg.actor_rollout_ref.rollout, model_config=model,
+                              gpus_per_node=int(rollout.n_gpus_per_node)) for r in range(world // per_engine)]

@@ -1,5 +1,9 @@
 """A Hugging Face transformers rollout for verl (``actor_rollout_ref.rollout.name=hf``): CPU, or a GPU without vLLM.
 
+On a GPU machine each server loads its model on its actor worker's GPU (:func:`server_device`; untested on a
+GPU so far); on the CPU platform, on cpu. Draws are made on CPU in every case (the logits of each step are
+copied to the host), from each request's own CPU generator, so a seed gives the same tokens on both.
+
 verl 0.9.1 registers only server rollouts (vLLM, SGLang, TensorRT-LLM); its old ``HFRollout`` is
 synchronous and unregistered. This module adds one more server rollout through verl's two rollout
 registries, so verl's own ``LLMServerManager``, load balancer, ``AgentLoopManager`` and
@@ -124,7 +128,7 @@ def sample_batch(model: Any, requests: Sequence[Request], pad_id: int, eos_ids: 
     pos = positions_from_mask(attn)
     out = model(input_ids=ids.to(device), attention_mask=attn.to(device), position_ids=pos.to(device),
                 use_cache=True, logits_to_keep=1)
-    cache, logits = out.past_key_values, out.logits[:, -1]
+    cache, logits = out.past_key_values, out.logits[:, -1].float().cpu()  # picks draw from CPU generators
     eos = set(int(t) for t in eos_ids)
     results: List[Tuple[List[int], List[float]]] = [([], []) for _ in requests]
     done = [False] * B
@@ -147,8 +151,28 @@ def sample_batch(model: Any, requests: Sequence[Request], pad_id: int, eos_ids: 
         last_pos = last_pos + 1
         out = model(input_ids=nxt[:, None].to(device), attention_mask=attn.to(device), position_ids=last_pos.to(device),
                     past_key_values=cache, use_cache=True, logits_to_keep=1)
-        cache, logits = out.past_key_values, out.logits[:, -1]
+        cache, logits = out.past_key_values, out.logits[:, -1].float().cpu()
     return results
+
+
+def server_device(gpu_ids: Sequence[str], visible: Optional[str], cuda: bool) -> str:
+    """Where a server samples: its actor worker's GPU, as this process numbers it, or ``cpu``.
+
+    ``gpu_ids``: the Ray GPU ids of the worker (``get_accelerator_ids()["GPU"]``: the node's visible device
+    ids); ``visible``: this process's ``CUDA_VISIBLE_DEVICES`` (Ray leaves it as the node's for an actor
+    without GPUs); ``cuda``: whether torch sees a GPU here. On the CPU platform the worker's GPU is a logical
+    Ray slot and torch sees none: ``cpu``.
+    """
+    if not cuda or not gpu_ids:
+        return "cpu"
+    gid = str(gpu_ids[0])
+    order = [x.strip() for x in visible.split(",")] if visible else None
+    if order is None:
+        return f"cuda:{int(gid)}"
+    if gid not in order:
+        raise ValueError(f"the actor worker's GPU {gid} is not among this process's "
+                         f"CUDA_VISIBLE_DEVICES={visible}")
+    return f"cuda:{order.index(gid)}"
 
 
 def end_ids(tokenizer: Any, generation_config: Any = None) -> List[int]:
@@ -172,7 +196,9 @@ class HFServer:
     being sampled wait and form the next batch.
     """
 
-    def __init__(self, config: Any, model_config: Any, replica_rank: int = 0):
+    def __init__(self, config: Any, model_config: Any, replica_rank: int = 0, gpu_ids: Sequence[str] = ()):
+        import os
+
         from transformers import AutoModelForCausalLM
         from verl.utils.config import omega_conf_to_dataclass
         from verl.workers.config import HFModelConfig, RolloutConfig
@@ -180,9 +206,14 @@ class HFServer:
         self.config = omega_conf_to_dataclass(config, dataclass_type=RolloutConfig)
         self.model_config = omega_conf_to_dataclass(model_config, dataclass_type=HFModelConfig)
         self.replica_rank = int(replica_rank)
+        # on a GPU machine the server shares its actor worker's GPU; on the CPU platform it stays on cpu
+        self.device = server_device(gpu_ids, os.environ.get("CUDA_VISIBLE_DEVICES"),
+                                    torch.cuda.is_available())
         self.model = AutoModelForCausalLM.from_pretrained(
-            self.model_config.local_path, dtype=torch.float32, attn_implementation="sdpa",
-            trust_remote_code=self.model_config.trust_remote_code).eval()
+            self.model_config.local_path, dtype=getattr(torch, str(self.config.dtype)),
+            attn_implementation="sdpa", trust_remote_code=self.model_config.trust_remote_code,
+        ).to(self.device).eval()
+        logger.warning("hf rollout server %d samples on %s", self.replica_rank, self.device)
         self.tokenizer = self.model_config.tokenizer
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.eos_ids = end_ids(self.tokenizer, getattr(self.model, "generation_config", None))
@@ -250,7 +281,7 @@ class HFServer:
         """Sum of all parameters (tests check that weight sync reached the server)."""
         return float(sum(p.double().sum() for p in self.model.parameters()))
 
-    # ---- verl's control calls (nothing to free or resume: the model stays in host memory)
+    # ---- verl's control calls (nothing to free or resume: the model stays where it was loaded)
     async def wake_up(self, tags: Optional[List[str]] = None) -> None:
         return None
 
@@ -286,13 +317,16 @@ class HFReplica(RolloutReplica):
         if len(self.workers) != self.world_size:
             raise RuntimeError(f"hf replica {self.replica_rank}: {len(self.workers)} workers for world size "
                                f"{self.world_size}")
-        node_id = await self.workers[0].__ray_call__.remote(lambda w: ray.get_runtime_context().get_node_id())
+        node_id, gpu_ids = await self.workers[0].__ray_call__.remote(
+            lambda w: (ray.get_runtime_context().get_node_id(),
+                       list(ray.get_runtime_context().get_accelerator_ids().get("GPU", []))))
         name = server_name(self.replica_rank)
         server = ray.remote(HFServer).options(
             name=name, num_cpus=0, max_concurrency=self.max_concurrency,
             scheduling_strategy=ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(node_id=node_id,
                                                                                                soft=False),
-        ).remote(config=self.config, model_config=self.model_config, replica_rank=self.replica_rank)
+        ).remote(config=self.config, model_config=self.model_config, replica_rank=self.replica_rank,
+                 gpu_ids=gpu_ids)
         self.servers = [server]
         self._server_handle = server
         self._server_address = name  # the load balancer's key (there is no HTTP endpoint)

@@ -24,6 +24,7 @@ task_runner_class=TaskRunner)``.
 from __future__ import annotations
 
 import os
+import shutil
 from functools import partial
 from pathlib import Path
 from typing import Any, Dict, Sequence
@@ -42,8 +43,11 @@ from verl.utils.debug import marked_timer
 from verl.utils.metric import reduce_metrics
 
 from ragen_turn.algos import check_turn_ids, place_turn_rewards, turn_boundaries, turn_mask_from_ids
-from ragen_turn.engines.common import (advantage_metrics, compute_advantages, kept_rows, normalized_turn_rewards,
-                                      turn_critic_targets)
+from ragen_turn.config import FilterSpec
+from ragen_turn.engines import checkpoints as ckpt
+from ragen_turn.engines.common import (advantage_metrics, compute_advantages, filter_rows, normalized_turn_rewards,
+                                      pad_rows, turn_critic_targets)
+from ragen_turn.engines.rundir import crash_point, record_config, writing
 from ragen_turn.engines.runtime import derived_seed
 from ragen_turn.engines.runlog import (
     GENERATIONS_FILE, append_metrics, episode_metrics, progress_line, record_provenance, run_header, truncate_metrics,
@@ -309,9 +313,19 @@ class StarPOTrainer(RayPPOTrainer):
             timing.update(gen_timing)
             traj = to_trajectory(batch)
             metrics.update(episode_metrics(traj, "env"))
-            r = self.rcfg.actor_rollout_ref.rollout
-            keep = kept_rows(traj.group_ids, traj.episode_rewards, r.rollout_filter_ratio, r.rollout_filter_type)
-            if len(keep) < len(batch):
+            spec = FilterSpec.from_config(self.rcfg.actor_rollout_ref.rollout)
+            keep, filter_metrics = filter_rows(traj.group_ids, traj.episode_rewards, spec)
+            metrics.update(filter_metrics)
+            if len(keep) == 0:  # no group kept (RAGEN's empty_after_filter): no update this step
+                with marked_timer("update_weights", timing):
+                    self.checkpoint_manager.update_weights(step + 1)
+                return self._empty_step(metrics, timing)
+            if not spec.fixed_count:  # RAGEN's copy mode: repeat kept rows up to a size verl splits evenly
+                dp = self._get_dp_size(self.actor_rollout_wg, "actor")
+                keep = pad_rows(keep, int(np.lcm(int(self.rcfg.ppo_mini_batch_size), dp)),
+                                derived_seed(self.rcfg.seed, step, 13))
+            self.empty_filtered_steps = 0
+            if len(keep) != len(batch):
                 batch = batch.select_idxs(keep)
             self.order_rows(batch, metrics, step)
             batch = self.score(batch, metrics, timing)
@@ -347,14 +361,24 @@ class StarPOTrainer(RayPPOTrainer):
         metrics["env/kept_episodes"] = float(len(batch))
         return metrics
 
+    def _empty_step(self, metrics: Dict[str, float], timing: Dict[str, float]) -> Dict[str, float]:
+        """The metrics of a step whose rollout filter kept no env group (the weights stay)."""
+        self.empty_filtered_steps = getattr(self, "empty_filtered_steps", 0) + 1
+        print(f"[warn] step {self.global_steps + 1}: the rollout filter kept no env group; no update "
+              f"({self.empty_filtered_steps} such step(s) in a row)", flush=True)
+        metrics.update({"rollout/empty_after_filter": 1.0, "env/kept_episodes": 0.0,
+                        "rollout/consecutive_empty_after_filter_steps": float(self.empty_filtered_steps),
+                        "perf/rollout_s": timing.get("gen", 0.0)})
+        return metrics
+
     def fit(self) -> Dict[str, float]:
         rt = self.rcfg.trainer
         total = self.total_training_steps
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        (self.out_dir / "config.yaml").write_text(OmegaConf.to_yaml(self.rcfg))
         self._tracker = self._make_tracker()
         self.global_steps = 0
         self._load_checkpoint()
+        record_config(self.out_dir, OmegaConf.to_yaml(self.rcfg), self.global_steps)  # + configs.jsonl
         record_provenance(self.out_dir, self.global_steps)  # host and versions (the weights live in the workers)
         truncate_metrics(self.metrics_path, self.global_steps)  # fresh run: a fresh log; resumed: lines <= its step
         truncate_metrics(self.out_dir / GENERATIONS_FILE, self.global_steps)
@@ -369,14 +393,87 @@ class StarPOTrainer(RayPPOTrainer):
             metrics = self.train_step()
             self.global_steps += 1
             final = self.global_steps == total
-            if (rt.save_freq and self.global_steps % rt.save_freq == 0) or final:
-                self._save_checkpoint()
             if (rt.test_freq and self.global_steps % rt.test_freq == 0) or final:
                 metrics.update(self._validate())
             metrics["step"] = self.global_steps
+            # the step's line (and evaluation) first, then its checkpoint: a kill between the two resumes from the
+            # checkpoint before, whose resume drops the line and plays the step again (the local engine's order)
             self._log(metrics)
+            if (rt.save_freq and self.global_steps % rt.save_freq == 0) or final:
+                self._save_checkpoint()
             last = metrics
         return last
+
+    # ---------------------------------------------------------------------------------- checkpoints
+    def _save_checkpoint(self) -> Path:
+        """verl's checkpoint of this step, written so that a crash at any moment leaves the previous ones
+        loadable (``engines/checkpoints.py``): the workers write into ``.tmp_global_step_N``, the driver adds
+        ``data.pt`` and ``complete.json`` (sizes, sha256), renames it to ``global_step_N`` and replaces verl's
+        tracker file atomically; then the rotation (``trainer.keep_checkpoints``) over every ``global_step_*``
+        in the run directory, this process's or not."""
+        step = self.global_steps
+        name = ckpt.verl_dir_name(step)
+        tmp = ckpt.begin(self.out_dir, step, name=name)
+        try:
+            with writing(tmp / "actor"):  # a worker's full disk arrives as a Ray error holding the words
+                self.actor_rollout_wg.save_checkpoint(str(tmp / "actor"), None, step, max_ckpt_to_keep=None)
+            crash_point("actor written")
+            if self.use_critic:
+                with writing(tmp / "critic"):
+                    self.critic_wg.save_checkpoint(str(tmp / "critic"), None, step, max_ckpt_to_keep=None)
+                crash_point("critic written")
+            with writing(tmp / "data.pt"):
+                torch.save(self.train_dataloader.state_dict(), tmp / "data.pt")
+            crash_point("data.pt written")
+            final = ckpt.commit(tmp, step, name=name, pointer=ckpt.VERL_TRACKER, pointer_text=str(step))
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)  # a failed write frees its space; the older checkpoints stay
+            raise
+        gone = ckpt.rotate(self.out_dir, int(self.rcfg.trainer.keep_checkpoints or 0))
+        if gone:
+            print(f"[ragen_turn] rotation (trainer.keep_checkpoints={self.rcfg.trainer.keep_checkpoints}) removed "
+                  + ", ".join(p.name for p in gone), flush=True)
+        return final
+
+    def _load_checkpoint(self) -> int:
+        """What a start does to the run directory's checkpoints: remove what a killed writer left (staging,
+        half-deleted and incomplete ``global_step_*``); a fresh start (``trainer.resume=false``) removes the
+        earlier run's checkpoints; a resume loads the newest complete checkpoint whose files match their sha256
+        (verl's tracker file is read first; a missing, empty, garbage or stale one is said in one line and passed
+        over, and a checkpoint that fails its checksum or its load is said and the next older one tried), then
+        removes the checkpoints after it. Returns the step resumed from (0: none)."""
+        log = partial(print, flush=True)
+        ckpt.clean(self.out_dir, log=log)
+        if self.config.trainer.resume_mode == "disable":
+            old = ckpt.step_dirs(self.out_dir)
+            for p in old:
+                ckpt.remove_dir(p)
+            (self.out_dir / ckpt.VERL_TRACKER).unlink(missing_ok=True)
+            if old:
+                log(f"[ragen_turn] removed the checkpoints of the earlier run in {self.out_dir} (a fresh start)")
+            return 0
+        tried: tuple = ()
+        while True:
+            path = ckpt.resume_point(self.out_dir, log=log, pointer=ckpt.VERL_TRACKER, skip=tried)
+            if path is None:
+                if ckpt.step_dirs(self.out_dir):
+                    raise FileNotFoundError(f"trainer.resume=true: no checkpoint in {self.out_dir} loads (see the "
+                                            "lines above); trainer.overwrite=true starts the run over")
+                log(f"[ragen_turn] trainer.resume=true but no checkpoint in {self.out_dir}: starting fresh")
+                return 0
+            try:
+                self.actor_rollout_wg.load_checkpoint(str(path / "actor"), del_local_after_load=False)
+                if self.use_critic:
+                    self.critic_wg.load_checkpoint(str(path / "critic"), del_local_after_load=False)
+                break
+            except Exception as e:  # e.g. a file the checksum did not catch (a checkpoint without sha256)
+                log(f"[ragen_turn] checkpoint {path} failed to load ({type(e).__name__}: "
+                    f"{str(e).strip().splitlines()[-1][:200] if str(e).strip() else ''}); trying an older one")
+                tried += (path.name,)
+        self.global_steps = ckpt.step_of(path)
+        ckpt.drop_after(self.out_dir, self.global_steps, log=log)
+        log(f"[ragen_turn] resumed from {path} at step {self.global_steps}")
+        return self.global_steps
 
     # ---------------------------------------------------------------------------------- logging
     def _make_tracker(self):

