@@ -65,10 +65,15 @@ class Preflight(Callback):
         if config.hydra.job.name != "train":  # evaluate composes the same base.yaml
             return
         try:
-            preflight(task_config(config))
+            cfg = task_config(config)
+            preflight(cfg)
         except CONFIG_ERRORS as e:
             print(f"error: {e}", file=sys.stderr)
             sys.exit(2)
+        from ragen_turn.ragen_keys import unused_lines
+
+        for line in unused_lines(cfg):  # once per run: RAGEN keys given that have no effect here
+            print(line)
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         _state["composed"] = True  # each job is checked as it starts (its config differs per job)
