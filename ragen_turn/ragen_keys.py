@@ -13,6 +13,7 @@ setting our key(s), or stops the run before any work with a message naming our k
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional
 
@@ -242,7 +243,7 @@ def _unused(why: str, ok: Optional[Callable[[Any], bool]] = None, refuse: str = 
     with ``refuse`` (the message naming what to use instead)."""
     def apply(v, given, cfg):
         if ok is not None and not ok(v):
-            raise ValueError(refuse.format(v=v))
+            raise ValueError(refuse.replace("{v}", str(v)))
         return {UNUSED: why}
     return apply
 
@@ -257,7 +258,7 @@ def _null(v: Any) -> bool:
 
 def _refused_unless(key: str, ok: Callable[[Any], bool], why_unused: str, instead: str):
     """Accepted (and unused) at RAGEN's default; any other value stops naming ``instead``."""
-    return _unused(why_unused, ok, f"{key}={{v}}: {instead}")
+    return _unused(why_unused, ok, key + "={v}: " + instead)
 
 
 def _cuda_visible_devices(v, given, cfg):
@@ -595,6 +596,9 @@ def move_ragen_overrides(overrides: List[str]) -> List[str]:
     out = []
     for o in overrides:
         key = _override_key(o)
+        if "=" in o and re.fullmatch(r"custom_envs\.[^.]+\.env_config\..+", key) and not o.startswith(("+", "~")):
+            out.append("++" + o)  # RAGEN's scripts set env_config keys our entry may not list: add or override
+            continue
         if "=" in o and key in BY_KEY and not o.startswith("~"):
             value = o.split("=", 1)[1]
             out.append(f"++{HOLD}.{key}={value}")
@@ -631,7 +635,8 @@ def unknown_override_problems(overrides: List[str]) -> List[str]:
         if "=" not in o or o.startswith(("+", "~", "-")):
             continue
         key = _override_key(o)
-        if key in BY_KEY or key.startswith(("hydra.", HOLD + ".")) or key in CONFIG_GROUPS or key == "hydra":
+        if key in BY_KEY or key.split(".")[0].split("/")[0] in ("hydra", HOLD, *CONFIG_GROUPS) and \
+                ("/" in key or "." not in key or key.startswith(("hydra", HOLD))):
             continue
         parts, cls = key.split("."), RunConfig
         for i, part in enumerate(parts):

@@ -104,9 +104,22 @@ def prepare_envs(overrides: list[str]) -> None:
 
     import_env_modules(_env_modules_in(list(overrides)))
     cs = ConfigStore.instance()
-    for name in REGISTERED_ENVS:
-        if not (Path(CONFIG_DIR) / "env" / f"{name}.yaml").is_file():
+    dirs = [Path(CONFIG_DIR), *_searchpath_dirs(list(overrides))]
+    for name in REGISTERED_ENVS:  # a group file of that name (here or on hydra.searchpath) is the env's entry
+        if not any((d / "env" / f"{name}.yaml").is_file() for d in dirs):
             cs.store(group="env", name=name, node=registered_env_config(name), package="_global_")
+
+
+def _searchpath_dirs(overrides: list[str]) -> list[Path]:
+    """The ``file://`` directories of a ``hydra.searchpath=[...]`` override (where a user keeps config groups of
+    their own, e.g. ``env/<name>.yaml`` holding RAGEN ``envs.yaml`` entries)."""
+    out = []
+    for o in overrides:
+        if o.lstrip("+").startswith("hydra.searchpath="):
+            value = o.split("=", 1)[1].strip("[]")
+            out += [Path(v.strip().strip("'\"")[len("file://"):]) for v in value.split(",")
+                    if v.strip().strip("'\"").startswith("file://")]
+    return out
 
 
 def named_configs() -> list[str]:
