@@ -618,6 +618,27 @@ def move_ragen_overrides(overrides: List[str]) -> List[str]:
     return out
 
 
+def algo_for_named_run(overrides: List[str], config_name: Optional[str]) -> List[str]:
+    """RAGEN's named runs (``--config-name _N_<env>``) choose the algorithm with ``algorithm.adv_estimator`` (RAGEN's
+    scripts: ``... --config-name _2_sokoban algorithm.adv_estimator=grpo``): with no ``algo=`` given, the algo that
+    carries that estimator is added (and :data:`NOTES` says so). Other configs keep their algo (a mismatch stops
+    naming the algo to use)."""
+    if not config_name or not re.match(r"_\d+_", str(config_name)):
+        return overrides
+    given = {_override_key(o): o.split("=", 1)[1] for o in overrides if "=" in o}
+    if "algo" in given or "algorithm.adv_estimator" not in given:
+        return overrides
+    adv = given["algorithm.adv_estimator"].strip("'\"")
+    if adv == "gae":
+        adv = "bi_level_gae" if _bool(given.get("algorithm.bi_level_gae", "false")) else "token_gae"
+    algo = ALGO_OF_ADV.get(adv)
+    if algo is None:
+        return overrides
+    NOTES.append(f"[ragen_turn] algorithm.adv_estimator={given['algorithm.adv_estimator']}: algo={algo} "
+                 f"({config_name} picks the algo from RAGEN's estimator)")
+    return [*overrides, f"algo={algo}"]
+
+
 CONFIG_GROUPS = ("model", "env", "algo", "engine", "paper", "sweep", "setting", "env_model")
 
 

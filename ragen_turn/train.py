@@ -164,9 +164,9 @@ def compose_with_hydra(overrides: list[str] | None = None, config_name: str = "b
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from ragen_turn.ragen_keys import move_ragen_overrides
+    from ragen_turn.ragen_keys import algo_for_named_run, move_ragen_overrides
 
-    overrides = move_ragen_overrides(list(overrides or []))
+    overrides = move_ragen_overrides(algo_for_named_run(list(overrides or []), config_name))
     prepare_envs(overrides)
     check_config_name(config_name)
     if GlobalHydra.instance().is_initialized():  # inside a @hydra.main app (e.g. eval re-composing a run)
@@ -288,11 +288,12 @@ def _config_name_arg(argv: list[str]) -> str | None:
 def prepare_cli() -> None:
     """Before ``@hydra.main`` composes ``sys.argv``: RAGEN's keys moved aside (``model_path`` says what it chose, in
     one line), ``env_module=`` imported, a ``--config-name`` checked."""
-    from ragen_turn.ragen_keys import NOTES, move_ragen_overrides
+    from ragen_turn.ragen_keys import NOTES, algo_for_named_run, move_ragen_overrides
 
-    sys.argv[1:] = move_ragen_overrides(sys.argv[1:])
+    name = _config_name_arg(sys.argv[1:])
+    sys.argv[1:] = move_ragen_overrides(algo_for_named_run(sys.argv[1:], name))
     prepare_envs(sys.argv[1:])
-    check_config_name(_config_name_arg(sys.argv[1:]))
+    check_config_name(name)
     for line in dict.fromkeys(NOTES):
         print(line)
     NOTES.clear()

@@ -316,6 +316,18 @@ def test_named_config_2_sokoban_has_ragens_settings():
     assert cfg.trainer.total_training_steps == 200 and cfg.trainer.experiment_name.startswith("sokoban-main")
 
 
+@pytest.mark.parametrize("overrides,algo,adv", [
+    (["algorithm.adv_estimator=grpo"], "grpo", "grpo"),
+    (["algorithm.adv_estimator=gae"], "token_ppo", "token_gae"),
+    (["algorithm.adv_estimator=gae", "algorithm.bi_level_gae=True"], "bi_level_gae", "bi_level_gae"),
+    (["algo=turn_ppo"], "turn_ppo", "turn_gae"),
+])
+def test_named_runs_pick_the_algo_from_ragens_estimator(overrides, algo, adv):
+    """RAGEN's scripts choose GRPO with --config-name _2_sokoban algorithm.adv_estimator=grpo (no algo=)."""
+    cfg = compose_config_named(overrides + ["trainer.default_local_dir=/tmp/x"], "_2_sokoban")
+    assert (cfg.algo.name, cfg.algorithm.adv_estimator) == (algo, adv)
+
+
 def test_named_configs_for_envs_not_shipped_say_what_is_missing():
     from ragen_turn.envs import REGISTERED_ENVS
 
