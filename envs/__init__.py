@@ -107,8 +107,8 @@ def make_env_config(name: str, env_config: Dict[str, Any] | None = None) -> Any:
 
 
 def _plain(v: Any) -> Any:
-    """A config node (an env_config value from the yaml: a mapping such as RAGEN's ``action_lookup``, a list such as
-    ``dim_room``) as the plain dict / list an env class written for RAGEN expects."""
+    """A config node (an env_config value from the yaml: a mapping such as RAGEN's ``action_lookup``, a list
+    such as ``dim_room``) as the plain dict / list an env class written for RAGEN expects."""
     try:
         from omegaconf import OmegaConf
     except ImportError:  # pragma: no cover - omegaconf is a dependency

@@ -205,16 +205,17 @@ CROSS_CHECKS = (_algorithm_pieces, _batches, _env_splits, _tiny_model, _device)
 
 
 def env_config_lines(cfg: DictConfig) -> List[str]:
-    """One log line per env tag this run plays: the env class and the config it is built with (the fields where
-    the tag's ``env_config`` differs from the config class's defaults), so a pasted RAGEN ``envs.yaml`` entry can be
-    seen to reach the class, also one registered through ``env_module=``."""
+    """One log line per env tag this run plays: the env class and the config it is built with (the keys the tag's
+    ``env_config`` gives, as the config holds them, and other fields that differ from the class's defaults), so
+    a pasted RAGEN ``envs.yaml`` entry can be seen to reach the class, also one registered by ``env_module=``."""
     import dataclasses
 
     from ragen_turn.envs import REGISTERED_ENV_CONFIGS, get_env_class, make_env_config
 
     tags: List[str] = []
     for split in ("train", "val"):
-        tags += [t for t in (OmegaConf.select(cfg, f"es_manager.{split}.env_configs.tags") or []) if t not in tags]
+        split_tags = OmegaConf.select(cfg, f"es_manager.{split}.env_configs.tags") or []
+        tags += [t for t in split_tags if t not in tags]
     out = []
     for tag in tags:
         spec = cfg.custom_envs.get(tag)
@@ -228,11 +229,13 @@ def env_config_lines(cfg: DictConfig) -> List[str]:
             continue
         if dataclasses.is_dataclass(made):
             fields = [f.name for f in dataclasses.fields(made) if hasattr(made, f.name)]
-            diff = {k: getattr(made, k, given.get(k)) for k in [*given, *(f for f in fields if f not in given)]
+            keys = [*given, *(f for f in fields if f not in given)]
+            diff = {k: getattr(made, k, given.get(k)) for k in keys
                     if k in given or not hasattr(default, k) or getattr(made, k) != getattr(default, k)}
         else:
             diff = given
         cls = get_env_class(spec.env_type)
         shown = ", ".join(f"{k}={v!r}" for k, v in diff.items()) or "its defaults"
-        out.append(f"[ragen_turn] env {tag}: {cls.__module__}.{cls.__name__} with {type(made).__name__}({shown})")
+        out.append(f"[ragen_turn] env {tag}: {cls.__module__}.{cls.__name__} with "
+                   f"{type(made).__name__}({shown})")
     return out

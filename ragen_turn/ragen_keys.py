@@ -454,8 +454,9 @@ MORE: List[Alias] = [
     Alias("trainer.max_actor_ckpt_to_keep", "trainer.keep_checkpoints", _keep_ckpts("trainer.max_actor_ckpt_to_keep")),
     Alias("trainer.max_critic_ckpt_to_keep", "trainer.keep_checkpoints (equal to the actor's)",
           _keep_ckpts("trainer.max_critic_ckpt_to_keep")),
-    Alias("trainer.log_group_rv_table", "(unused)", _unused("the per-group reward table is not logged; "
-                                                            "metrics.jsonl has the filter's numbers"), outcome="unused"),
+    Alias("trainer.log_group_rv_table", "(unused)",
+          _unused("the per-group reward table is not logged; metrics.jsonl has the filter's numbers"),
+          outcome="unused"),
     Alias("trainer.gradient_analysis_mode", "(false only)",
           _refused_unless("trainer.gradient_analysis_mode", _falsy, "off", f"RAGEN's gradient analysis is {NOT_HERE}; "
                           "per-step gradient norms are in metrics.jsonl (actor/grad_norm)"), outcome="refused"),

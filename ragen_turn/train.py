@@ -143,9 +143,10 @@ def check_config_name(name: str | None) -> None:
         m = re.match(r"\s*-\s*override\s+/env:\s*(\S+)", line)
         if m and not (Path(CONFIG_DIR) / "env" / f"{m.group(1)}.yaml").is_file() and m.group(1) not in REGISTERED_ENVS:
             shipped = [n for n in named_configs() if n != "base" and _env_of(n) in (None, *_shipped_envs())]
-            raise ValueError(f"--config-name {name}: RAGEN's run needs env={m.group(1)} (config/env/{m.group(1)}.yaml), "
-                             f"which this checkout does not ship yet (nor does an env_module= register it); "
-                             f"the named runs that work here: {', '.join(shipped)}")
+            env = m.group(1)
+            raise ValueError(f"--config-name {name}: RAGEN's run needs env={env} (config/env/{env}.yaml), which "
+                             f"this checkout does not ship yet (nor does an env_module= register it); the named "
+                             f"runs that work here: {', '.join(shipped)}")
 
 
 def _env_of(name: str) -> str | None:

@@ -166,7 +166,8 @@ RAGEN_KEYS = [
 BASE_YAML_KEYS = 127
 
 
-WITH = {"critic.model.path": [f"model_path={MODEL_DIR}"], "algorithm.adv_estimator": ["algo=token_ppo"]}  # keys RAGEN users give together with another
+# keys RAGEN users give together with another
+WITH = {"critic.model.path": [f"model_path={MODEL_DIR}"], "algorithm.adv_estimator": ["algo=token_ppo"]}
 
 
 def _compose(override):
@@ -246,7 +247,8 @@ def test_cuda_visible_devices_is_exported_before_torch_starts():
     """From the command line it is set before anything looks at a GPU (torch is not even imported yet)."""
     code = ("import os, sys; sys.argv = ['train', 'system.CUDA_VISIBLE_DEVICES=3,5'];"
             "from ragen_turn.train import prepare_cli; prepare_cli();"
-            "print(os.environ['CUDA_VISIBLE_DEVICES'], 'torch' in sys.modules and sys.modules['torch'].cuda.is_initialized())")
+            "t = sys.modules.get('torch');"
+            "print(os.environ['CUDA_VISIBLE_DEVICES'], t is not None and t.cuda.is_initialized())")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
                          env={k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"})
     assert out.stdout.split() == ["3,5", "False"], out.stderr[-800:]
@@ -336,7 +338,8 @@ def test_named_configs_for_envs_not_shipped_say_what_is_missing():
             continue  # shipped by now: composed like _2_sokoban
         with pytest.raises(ValueError) as e:
             compose_config_named([], name)
-        assert f"env={env}" in str(e.value) and f"config/env/{env}.yaml" in str(e.value) and "_2_sokoban" in str(e.value)
+        msg = str(e.value)
+        assert f"env={env}" in msg and f"config/env/{env}.yaml" in msg and "_2_sokoban" in msg
     with pytest.raises(ValueError) as e:
         compose_config_named([], "_9_nothing")
     assert "available:" in str(e.value) and "_2_sokoban" in str(e.value) and "base" in str(e.value)
