@@ -753,3 +753,18 @@ def unused_lines(cfg: DictConfig) -> List[str]:
         out.append("[ragen_turn] custom_envs keys accepted but unused here: " + "; ".join(
             f"{k} [{', '.join(v)}]: {ENV_ENTRY_UNUSED[k]}" for k, v in per_key.items()))
     return out
+
+
+QUIET = ("system.CUDA_VISIBLE_DEVICES", "trainer.project_name", "trainer.logger", "trainer.local_log_dir",
+         "trainer.max_actor_ckpt_to_keep", "trainer.max_critic_ckpt_to_keep", "trainer.generations_to_log_to_wandb.val",
+         "trainer.resume_mode", "trainer.n_gpus_per_node", "ray_kwargs.ray_init.num_cpus",
+         "actor_rollout_ref.rollout.name", "actor_rollout_ref.rollout.gpu_memory_utilization",
+         "actor_rollout_ref.rollout.tensor_model_parallel_size")
+
+
+def quiet_keys(ours: Any) -> List[str]:
+    """``${ragen_quiet_keys:[...]}`` (config/base.yaml): the run name's excluded keys plus RAGEN's keys that change
+    nothing here (unused ones, and refused ones, whose accepted values are RAGEN's no-op defaults) or only where /
+    how the run is logged and placed (:data:`QUIET`), as they are held on the command line (``ragen_keys.<key>``)."""
+    base = list(ours)
+    return base + [f"{HOLD}.{a.key}" for a in ALIASES if a.outcome in ("unused", "refused") or a.key in QUIET]

@@ -58,6 +58,16 @@ if not OmegaConf.has_resolver("run_overrides"):
     OmegaConf.register_new_resolver("run_overrides", _run_overrides)
 
 
+def _ragen_quiet_keys(ours):
+    from ragen_turn.ragen_keys import quiet_keys
+
+    return quiet_keys(ours)
+
+
+if not OmegaConf.has_resolver("ragen_quiet_keys"):  # the run name leaves out RAGEN keys that change nothing here
+    OmegaConf.register_new_resolver("ragen_quiet_keys", _ragen_quiet_keys)
+
+
 def _env_modules_in(overrides: list[str]) -> list:
     """The ``env_module=`` values among command-line overrides (a name or a list of names)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser

@@ -205,6 +205,16 @@ def test_every_ragen_key_is_honoured_aliased_unused_or_refused(key, ok, bad, out
         assert "Could not override" not in msg and key.split(".")[-1] in msg, msg
 
 
+def test_keys_that_change_nothing_stay_out_of_the_run_name():
+    from ragen_turn.train import compose_config
+
+    plain = compose_config([]).trainer.experiment_name
+    quiet = ["lora.alpha=64", "trainer.project_name=x", "system.CUDA_VISIBLE_DEVICES=0", "seed.val=1",
+             "actor_rollout_ref.rollout.gpu_memory_utilization=0.3", "algorithm.use_kl_in_reward=False"]
+    assert compose_config(quiet).trainer.experiment_name == plain
+    assert compose_config(["algorithm.bi_level_gae=False"]).trainer.experiment_name != plain  # RAGEN's own meaning
+
+
 def test_unused_keys_are_listed_once_in_the_log():
     from ragen_turn.ragen_keys import unused_lines
 
