@@ -2,7 +2,7 @@
 # Usage: bash eval.sh <env> <checkpoint_dir | run_dir | model_dir> [--out FILE.json] [hydra overrides...]
 #   bash eval.sh sokoban runs/sokoban_turn_ppo_tiny_s0/checkpoints/step_000030
 # Success rate, mean reward, mean turns and invalid-action rate on held-out seeds (table + JSON). The JSON goes
-# to --out, else into the checkpoint's run dir (<run>/eval_<env>_<step>.json), else to
+# to --out, else into the checkpoint's run dir (<run>/eval/<env>_<step>.json), else to
 # <runs>/eval_<model>/eval_<env>.json: never into the model directory it reads.
 set -euo pipefail
 CALLER=$PWD  # --out is relative to where the command was typed

@@ -2,7 +2,7 @@
 
 Prints success rate, mean reward, mean turns and invalid-action rate on the val env groups
 (seeds that training never uses) as a table, and writes them as JSON into the run directory of the checkpoint
-(``<run>/eval_<env>_<step>.json``), for a model outside any run under ``trainer.runs_dir``
+(``<run>/eval/<env>_<step>.json``), for a model outside any run under ``trainer.runs_dir``
 (``<runs>/eval_<model>/eval_<env>.json``), or to ``eval.sh --out PATH`` (``+eval_output=PATH``): never into the
 model directory it reads.
 """
@@ -161,14 +161,14 @@ def main(cfg: DictConfig) -> None:
 
 def eval_output_path(cfg: DictConfig, home: Path) -> Path:
     """Where the JSON goes: ``+eval_output`` (``eval.sh --out``); else the run directory the checkpoint belongs to
-    (``<run>/eval_<env>_<step>.json``); else, for a model directory outside any run, a directory of its own under
+    (``<run>/eval/<env>_<step>.json``); else, for a model directory outside any run, a directory of its own under
     ``trainer.runs_dir`` (``<runs>/eval_<model>/eval_<env>.json``). Never into the model directory read."""
     if cfg.get("eval_output"):
         return Path(str(cfg.eval_output))
     env = cfg.env.name
     run_cfg = run_config_path(str(home))
     if run_cfg is not None:
-        return run_cfg.parent / f"eval_{env}_{home.name}.json"
+        return run_cfg.parent / "eval" / f"{env}_{home.name}.json"  # not eval_*.json: report.py columns
     return Path(str(cfg.trainer.runs_dir)) / f"eval_{home.name}" / f"eval_{env}.json"
 
 

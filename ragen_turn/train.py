@@ -118,6 +118,8 @@ def prepare_envs(overrides: list[str]) -> None:
     for name in REGISTERED_ENVS:  # a group file of that name (here or on hydra.searchpath) is the env's entry
         if not any((d / "env" / f"{name}.yaml").is_file() for d in dirs):
             cs.store(group="env", name=name, node=registered_env_config(name), package="_global_")
+        else:  # and replaces a generated entry an earlier composition in this process stored
+            cs.repo.get("env", {}).pop(f"{name}.yaml", None)
 
 
 def _searchpath_dirs(overrides: list[str]) -> list[Path]:

@@ -160,7 +160,7 @@ def test_eval_sh_reads_a_run_whose_name_holds_overrides(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     assert "| model | episodes | success" in out.stdout
     # the JSON goes into the run dir, not into the checkpoint (a model directory eval only reads)
-    assert (run / "eval_sokoban_step_000001.json").is_file()
+    assert (run / "eval" / "sokoban_step_000001.json").is_file()
     assert not list((run / "checkpoints").rglob("eval_*.json"))
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == [run.name]  # no run dir named after eval's overrides
     # a plain Hugging Face model dir (e.g. a cached warm start), read-only: the JSON goes under the runs dir, or --out
