@@ -180,6 +180,10 @@ def test_the_key_list_is_ragens():
     assert len(keys) == len(set(keys))
     assert len(keys) - 9 == BASE_YAML_KEYS  # the base.yaml part of the list is whole
     assert {o for *_, o in RAGEN_KEYS} == {H, A, U, R}
+    from ragen_turn.ragen_keys import ALIASES, BY_KEY
+
+    assert len(ALIASES) == len(BY_KEY)  # one table entry per RAGEN key
+    assert {a.outcome for a in ALIASES} <= {H, A, U, R}
 
 
 @pytest.mark.parametrize("key,ok,bad,outcome", RAGEN_KEYS, ids=[k for k, *_ in RAGEN_KEYS])
