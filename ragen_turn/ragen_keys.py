@@ -1,15 +1,18 @@
 """RAGEN's config keys, mapped onto ours: the one table (:data:`ALIASES`) and where it is applied.
 
 A RAGEN user types RAGEN's keys (``algorithm.bi_level_gae=True``, ``seed.train=5``,
-``trainer.logger=[console,wandb]``, ...). Each key in the table either takes effect with RAGEN's meaning, by
-setting our key(s), or stops the run before any work with a message naming our key. It is applied twice:
+``trainer.logger=[console,wandb]``, ...). Each key in the table has an ``outcome``: honoured (RAGEN's meaning,
+done directly: ``system.CUDA_VISIBLE_DEVICES``), aliased (sets our key(s)), unused (accepted; the handler answers
+``{UNUSED: why}`` and :func:`unused_lines` lists them once in the run's log) or refused (RAGEN's default accepted,
+any other value stops the run before any work with a message naming what to use). It is applied twice:
 
 1. :func:`move_ragen_overrides`, before Hydra composes: a command-line override of a table key is moved under
-   ``ragen_keys.`` (many RAGEN keys do not exist in our config, so Hydra would refuse them);
+   ``ragen_keys.`` (many RAGEN keys do not exist in our config, so Hydra would refuse them); any other key the
+   schema lacks stops here with our message (:func:`unknown_override_problems`), never Hydra's;
 2. :func:`apply_ragen_keys`, on the composed config: every table key given (under ``ragen_keys``, or at its own
    path from a yaml file) is mapped; what was mapped is recorded in ``ragen_aliases`` (``config.yaml`` shows it).
 
-``docs/ragen_keys.md`` lists the table (a test keeps it complete).
+``docs/ragen_keys.md`` lists the table by outcome; ``tests/test_ragen_first_hour.py`` walks RAGEN's whole key list.
 """
 from __future__ import annotations
 
