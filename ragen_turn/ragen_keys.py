@@ -735,9 +735,13 @@ ENV_ENTRY_UNUSED = {  # keys of RAGEN's envs.yaml entries that mean nothing here
 }
 
 
+RAGEN_ONLY_ENTRY_KEYS = ("max_workers", "parallel_friendly")  # an entry with one of these was pasted from RAGEN
+
+
 def unused_lines(cfg: DictConfig) -> List[str]:
     """The run log's lines naming every RAGEN key given that has no effect here (at most two lines: the config's
-    keys, then the ``custom_envs`` entries' keys of the tags this run plays)."""
+    keys, then the ``custom_envs`` keys of the RAGEN entries (those with ``max_workers`` / ``parallel_friendly``)
+    of the tags this run plays)."""
     out = []
     aliases = _select(cfg, RECORD) or {}
     unused = [f"{k} ({v[len(UNUSED_TAG):]})" for k, v in aliases.items() if str(v).startswith(UNUSED_TAG)]
@@ -749,9 +753,12 @@ def unused_lines(cfg: DictConfig) -> List[str]:
     entries = _select(cfg, "custom_envs") or {}
     per_key: Dict[str, List[str]] = {}
     for tag in tags:
+        entry = entries.get(tag) or {}
+        if all(entry.get(k) is None for k in RAGEN_ONLY_ENTRY_KEYS):
+            continue  # our own entries carry max_tokens (part of warm-start cache keys): not a RAGEN entry's key
         for k in ENV_ENTRY_UNUSED:
-            if (entries.get(tag) or {}).get(k) is not None:
-                per_key.setdefault(k, []).append(f"{tag}={entries[tag][k]}")
+            if entry.get(k) is not None:
+                per_key.setdefault(k, []).append(f"{tag}={entry[k]}")
     if per_key:
         out.append("[ragen_turn] custom_envs keys accepted but unused here: " + "; ".join(
             f"{k} [{', '.join(v)}]: {ENV_ENTRY_UNUSED[k]}" for k, v in per_key.items()))
