@@ -444,3 +444,12 @@ def test_an_entry_with_env_config_null_is_accepted(tmp_path):
 
     validate_config(cfg)
     assert cfg.custom_envs.Plain.env_config is None
+
+
+def test_warm_start_key_reads_a_ragen_entry():
+    """RAGEN's Countdown entry says env_config: null; its worker-pool keys are not part of what the demos are."""
+    from ragen_turn.warmstart import _demo_env_spec
+
+    spec = _demo_env_spec(OmegaConf.create({"env_type": "x", "env_config": None, "max_workers": 32,
+                                            "parallel_friendly": False, "max_tokens": 100}))
+    assert spec == {"env_type": "x", "env_config": None, "max_tokens": 100}
