@@ -348,8 +348,14 @@ def test_named_configs_for_envs_not_shipped_say_what_is_missing():
     from ragen_turn.envs import REGISTERED_ENVS
 
     for name, env in (("_1_bandit", "bandit"), ("_3_frozen_lake", "frozen_lake"), ("_4_countdown", "countdown")):
-        if (ROOT / "config" / "env" / f"{env}.yaml").is_file() or env in REGISTERED_ENVS:
-            continue  # shipped by now: composed like _2_sokoban
+        if (ROOT / "config" / "env" / f"{env}.yaml").is_file() or env in REGISTERED_ENVS:  # shipped by now
+            from ragen_turn.config import validate_config
+
+            cfg = compose_config_named(["trainer.default_local_dir=/tmp/x"], name)
+            validate_config(cfg)
+            assert cfg.env.name == env and cfg.algo.name == "token_ppo"
+            assert cfg.agent_proxy.max_turn == (5 if env == "frozen_lake" else 1)
+            continue
         with pytest.raises(ValueError) as e:
             compose_config_named([], name)
         msg = str(e.value)
