@@ -18,7 +18,7 @@ from ragen_turn.schema import ConfigError, check_schema
 LOGGERS = ("console", "wandb")
 
 # the critic each advantage estimator reads (none: no critic is built)
-CRITIC_LEVEL_OF = {"grpo": "none", "token_gae": "token", "bi_level_gae": "token", "turn_gae": "turn"}
+from ragen_turn.algos.advantages import CRITIC_LEVEL_OF  # noqa: E402  (the critic each estimator needs)
 
 
 def kept_group_count(n_groups: int, ratio: float) -> int:

@@ -86,7 +86,7 @@ def _adv_estimator(v, given, cfg):
 
 
 def _critic_of(adv: str) -> str:
-    from ragen_turn.config import CRITIC_LEVEL_OF
+    from ragen_turn.algos.advantages import CRITIC_LEVEL_OF
 
     return CRITIC_LEVEL_OF.get(adv, "?")
 
