@@ -3,13 +3,22 @@
 #   bash train.sh sokoban turn_ppo
 #   bash train.sh sokoban token_ppo algorithm.gamma=0.95 es_manager.train.env_groups=16 ppo_epochs=2
 #   bash train.sh sokoban turn_ppo --multirun +sweep=gamma_lambda
+#   bash train.sh --config-name _2_sokoban [overrides]     (RAGEN's named runs: config/_N_<env>.yaml)
 set -euo pipefail
 cd "$(dirname "$0")"
-if [ $# -lt 2 ]; then
-  echo "usage: bash train.sh <env: sokoban|webshop|search_qa|an env_type registered by env_module=...> <algo: grpo|token_ppo|bi_level_gae|turn_ppo|turn_ppo_geo|turn_is|s_ppo|st_ppo|so_ppo|so_grpo> [overrides]" >&2
-  exit 2
-fi
-ENV_NAME=$1; ALGO=$2; shift 2
+PICK=()
+case "${1:-}" in
+  --config-name|-cn) [ $# -ge 2 ] || { echo "usage: bash train.sh --config-name <name> [overrides]" >&2; exit 2; }
+                     PICK=("$1" "$2"); shift 2 ;;
+  --config-name=*) PICK=("$1"); shift ;;
+  *)
+    if [ $# -lt 2 ]; then
+      echo "usage: bash train.sh <env: sokoban|webshop|search_qa|an env_type registered by env_module=...> <algo: grpo|token_ppo|bi_level_gae|turn_ppo|turn_ppo_geo|turn_is|s_ppo|st_ppo|so_ppo|so_grpo> [overrides]" >&2
+      echo "       bash train.sh --config-name <RAGEN's named run: _2_sokoban | _1_bandit | ...> [overrides]" >&2
+      exit 2
+    fi
+    PICK=("env=$1" "algo=$2"); shift 2 ;;
+esac
 # Hydra wants --multirun before the overrides; accept it anywhere.
 args=()
 for a in "$@"; do
@@ -20,4 +29,4 @@ set -- "${args[@]+"${args[@]}"}"
 VENV=.venv
 for a in "$@"; do [ "$a" = engine=verl ] && [ -x .venv-verl/bin/python ] && VENV=.venv-verl; done
 . scripts/python.sh
-exec "$PY" -m ragen_turn.train env="$ENV_NAME" algo="$ALGO" "$@"
+exec "$PY" -m ragen_turn.train "${PICK[@]}" "$@"

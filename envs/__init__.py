@@ -124,7 +124,7 @@ def make_env_config(name: str, env_config: Dict[str, Any] | None = None) -> Any:
     its values). Cheap: configs are checked with it before any work."""
     get_env_class(name)
     cfg_cls = REGISTERED_ENV_CONFIGS[name]
-    env_config = dict(env_config or {})
+    env_config = {str(k) if isinstance(k, str) else k: _plain(v) for k, v in dict(env_config or {}).items()}
     known = set(getattr(cfg_cls, "__dataclass_fields__", {}))
     unknown = sorted(set(env_config) - known) if known else []
     if unknown:
@@ -133,6 +133,16 @@ def make_env_config(name: str, env_config: Dict[str, Any] | None = None) -> Any:
         return cfg_cls(**env_config)
     except TypeError as e:  # a config class that is not a dataclass, or a bad argument
         raise ValueError(f"env_config for {name!r}: {e}") from None
+
+
+def _plain(v: Any) -> Any:
+    """A config node (an env_config value from the yaml: a mapping such as RAGEN's ``action_lookup``, a list
+    such as ``dim_room``) as the plain dict / list an env class written for RAGEN expects."""
+    try:
+        from omegaconf import OmegaConf
+    except ImportError:  # pragma: no cover - omegaconf is a dependency
+        return v
+    return OmegaConf.to_container(v, resolve=True) if OmegaConf.is_config(v) else v
 
 
 def make_env(name: str, env_config: Dict[str, Any] | None = None) -> BaseEnv:

@@ -18,7 +18,7 @@ from ragen_turn.schema import ConfigError, check_schema
 LOGGERS = ("console", "wandb")
 
 # the critic each advantage estimator reads (none: no critic is built)
-CRITIC_LEVEL_OF = {"grpo": "none", "token_gae": "token", "bi_level_gae": "token", "turn_gae": "turn"}
+from ragen_turn.algos.advantages import CRITIC_LEVEL_OF  # noqa: E402  (the critic each estimator needs)
 
 
 def kept_group_count(n_groups: int, ratio: float) -> int:
@@ -287,3 +287,40 @@ def _device(cfg: DictConfig) -> List[str]:
 
 
 CROSS_CHECKS = (_algorithm_pieces, _batches, _rollout_filter, _env_splits, _tiny_model, _device)
+
+
+def env_config_lines(cfg: DictConfig) -> List[str]:
+    """One log line per env tag this run plays: the env class and the config it is built with (the keys the tag's
+    ``env_config`` gives, as the config holds them, and other fields that differ from the class's defaults), so
+    a pasted RAGEN ``envs.yaml`` entry can be seen to reach the class, also one registered by ``env_module=``."""
+    import dataclasses
+
+    from ragen_turn.envs import REGISTERED_ENV_CONFIGS, get_env_class, make_env_config
+
+    tags: List[str] = []
+    for split in ("train", "val"):
+        split_tags = OmegaConf.select(cfg, f"es_manager.{split}.env_configs.tags") or []
+        tags += [t for t in split_tags if t not in tags]
+    out = []
+    for tag in tags:
+        spec = cfg.custom_envs.get(tag)
+        if spec is None:
+            continue
+        given = OmegaConf.to_container(spec.get("env_config") or {}, resolve=True)
+        try:
+            made = make_env_config(spec.env_type, given)
+            default = REGISTERED_ENV_CONFIGS[spec.env_type]()
+        except Exception:  # the checks before this report a config that does not build
+            continue
+        if dataclasses.is_dataclass(made):
+            fields = [f.name for f in dataclasses.fields(made) if hasattr(made, f.name)]
+            keys = [*given, *(f for f in fields if f not in given)]
+            diff = {k: getattr(made, k, given.get(k)) for k in keys
+                    if k in given or not hasattr(default, k) or getattr(made, k) != getattr(default, k)}
+        else:
+            diff = given
+        cls = get_env_class(spec.env_type)
+        shown = ", ".join(f"{k}={v!r}" for k, v in diff.items()) or "its defaults"
+        out.append(f"[ragen_turn] env {tag}: {cls.__module__}.{cls.__name__} with "
+                   f"{type(made).__name__}({shown})")
+    return out

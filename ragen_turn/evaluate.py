@@ -1,8 +1,10 @@
 """Held-out evaluation of a checkpoint: ``bash eval.sh <env> <checkpoint_dir> [overrides]``.
 
 Prints success rate, mean reward, mean turns and invalid-action rate on the val env groups
-(seeds that training never uses) as a table, and writes them as JSON beside the checkpoint
-(``eval_<env>.json``) or to ``+eval_output=PATH``.
+(seeds that training never uses) as a table, and writes them as JSON into the run directory of the checkpoint
+(``<run>/eval/<env>_<step>.json``), for a model outside any run under ``trainer.runs_dir``
+(``<runs>/eval_<model>/eval_<env>.json``), or to ``eval.sh --out PATH`` (``+eval_output=PATH``): never into the
+model directory it reads.
 """
 from __future__ import annotations
 
@@ -148,12 +150,26 @@ def main(cfg: DictConfig) -> None:
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
-    # a checkpoint's actor/ -> the step dir; a plain Hugging Face model dir -> itself (never the folder holding it)
+    # a checkpoint's actor/ -> the step dir; a plain Hugging Face model dir -> itself
     home = Path(m["checkpoint"]).parent if Path(m["checkpoint"]).name == "actor" else Path(m["checkpoint"])
     print(format_table(m, home.name))
-    out = Path(cfg.get("eval_output") or home / f"eval_{cfg.env.name}.json")
+    out = eval_output_path(cfg, home)
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(m, indent=2, sort_keys=True) + "\n")
     print(f"wrote {out}")
+
+
+def eval_output_path(cfg: DictConfig, home: Path) -> Path:
+    """Where the JSON goes: ``+eval_output`` (``eval.sh --out``); else the run directory the checkpoint belongs to
+    (``<run>/eval/<env>_<step>.json``); else, for a model directory outside any run, a directory of its own under
+    ``trainer.runs_dir`` (``<runs>/eval_<model>/eval_<env>.json``). Never into the model directory read."""
+    if cfg.get("eval_output"):
+        return Path(str(cfg.eval_output))
+    env = cfg.env.name
+    run_cfg = run_config_path(str(home))
+    if run_cfg is not None:
+        return run_cfg.parent / "eval" / f"{env}_{home.name}.json"  # not eval_*.json: report.py columns
+    return Path(str(cfg.trainer.runs_dir)) / f"eval_{home.name}" / f"eval_{env}.json"
 
 
 if __name__ == "__main__":

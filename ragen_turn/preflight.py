@@ -65,10 +65,16 @@ class Preflight(Callback):
         if config.hydra.job.name != "train":  # evaluate composes the same base.yaml
             return
         try:
-            preflight(task_config(config))
+            cfg = task_config(config)
+            preflight(cfg)
         except CONFIG_ERRORS as e:
             print(f"error: {e}", file=sys.stderr)
             sys.exit(2)
+        from ragen_turn.config import env_config_lines
+        from ragen_turn.ragen_keys import unused_lines
+
+        for line in unused_lines(cfg) + env_config_lines(cfg):  # once per run: RAGEN keys given that have no
+            print(line)                                            # effect here, and each env tag's config
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         _state["composed"] = True  # each job is checked as it starts (its config differs per job)

@@ -1,18 +1,22 @@
 """RAGEN's config keys, mapped onto ours: the one table (:data:`ALIASES`) and where it is applied.
 
 A RAGEN user types RAGEN's keys (``algorithm.bi_level_gae=True``, ``seed.train=5``,
-``trainer.logger=[console,wandb]``, ...). Each key in the table either takes effect with RAGEN's meaning, by
-setting our key(s), or stops the run before any work with a message naming our key. It is applied twice:
+``trainer.logger=[console,wandb]``, ...). Each key in the table has an ``outcome``: honoured (RAGEN's meaning,
+done directly: ``system.CUDA_VISIBLE_DEVICES``), aliased (sets our key(s)), unused (accepted; the handler answers
+``{UNUSED: why}`` and :func:`unused_lines` lists them once in the run's log) or refused (RAGEN's default accepted,
+any other value stops the run before any work with a message naming what to use). It is applied twice:
 
 1. :func:`move_ragen_overrides`, before Hydra composes: a command-line override of a table key is moved under
-   ``ragen_keys.`` (many RAGEN keys do not exist in our config, so Hydra would refuse them);
+   ``ragen_keys.`` (many RAGEN keys do not exist in our config, so Hydra would refuse them); any other key the
+   schema lacks stops here with our message (:func:`unknown_override_problems`), never Hydra's;
 2. :func:`apply_ragen_keys`, on the composed config: every table key given (under ``ragen_keys``, or at its own
    path from a yaml file) is mapped; what was mapped is recorded in ``ragen_aliases`` (``config.yaml`` shows it).
 
-``docs/ragen_keys.md`` lists the table (a test keeps it complete).
+``docs/ragen_keys.md`` lists the table by outcome; ``tests/test_ragen_first_hour.py`` walks RAGEN's whole key list.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional
 
@@ -20,6 +24,9 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 HOLD = "ragen_keys"        # where command-line RAGEN keys wait for apply_ragen_keys
 RECORD = "ragen_aliases"   # RAGEN key=value -> what it set
+UNUSED = "__unused__"      # a handler's answer for a key accepted without effect here: {UNUSED: why}
+UNUSED_TAG = "unused here: "  # how ragen_aliases marks those (the run's log lists them once: unused_lines)
+DONE = "__done__"          # a handler's answer for an effect that is no config key: {DONE: what it did}
 
 
 def _bool(v: Any) -> bool:
@@ -40,6 +47,7 @@ class Alias:
     note: str = ""                                      # meaning / what stops
     rename: Optional[str] = None                        # a plain rename done on the command line already, so that
                                                         # what Hydra derives before our code runs (its run dir) sees it
+    outcome: str = "aliased"                            # for the docs: honoured | aliased | unused | refused
 
 
 def _stop(key: str, msg: str):
@@ -57,10 +65,30 @@ def _noop_if(key: str, ok: Callable[[Any], bool], msg: str):
 
 
 # ---------------------------------------------------------------- the handlers that need more than a rename
+# the algo= that carries each advantage estimator (its critic and trainer), for the message that names it
+ALGO_OF_ADV = {"token_gae": "token_ppo", "bi_level_gae": "bi_level_gae", "grpo": "grpo", "turn_gae": "turn_ppo"}
+
+
 def _adv_estimator(v, given, cfg):
-    if v == "gae":  # RAGEN's PPO: token GAE, or bi-level GAE with algorithm.bi_level_gae=True
-        return {"algorithm.adv_estimator": "bi_level_gae" if _bool(given.get("algorithm.bi_level_gae")) else "token_gae"}
-    return {"algorithm.adv_estimator": v}
+    """RAGEN's ``gae`` is token-level GAE (bi-level with ``algorithm.bi_level_gae=True``). An estimator whose critic
+    the chosen ``algo=`` does not build stops here, naming the algo that does (before the critic checks would)."""
+    adv = str(v)
+    if adv == "gae":  # RAGEN's PPO: token GAE, or bi-level GAE with algorithm.bi_level_gae=True
+        adv = "bi_level_gae" if _bool(given.get("algorithm.bi_level_gae")) else "token_gae"
+    algo = OmegaConf.select(cfg, "algo.name", default=None)
+    own = OmegaConf.select(cfg, "algo.adv_estimator", default=None)
+    want = ALGO_OF_ADV.get(adv)
+    if own is not None and want is not None and adv != own and _critic_of(adv) != _critic_of(str(own)):
+        others = ", ".join(f"algo={a} ({e})" for e, a in ALGO_OF_ADV.items() if a not in (want, algo))
+        _stop(f"algorithm.adv_estimator={v}", f"algo={algo} trains with {own} (its own critic and trainer); for "
+              f"{adv} use algo={want} (or {others}), e.g. bash train.sh <env> {want}")
+    return {"algorithm.adv_estimator": adv}
+
+
+def _critic_of(adv: str) -> str:
+    from ragen_turn.algos.advantages import CRITIC_LEVEL_OF
+
+    return CRITIC_LEVEL_OF.get(adv, "?")
 
 
 def _bi_level_gae(v, given, cfg):
@@ -127,7 +155,7 @@ def _kl_ctrl(key):
                   "loss: actor_rollout_ref.actor.use_kl_loss=true actor_rollout_ref.actor.kl_loss_coef=<coef>")
         if key == "algorithm.kl_ctrl.type" and str(v) not in ("fixed",):
             _stop(f"{key}={v}", "only a fixed (here: zero) in-reward KL; use actor_rollout_ref.actor.kl_loss_coef")
-        return {}
+        return {UNUSED: "no KL penalty in the reward (kl_coef 0)"} if key == "algorithm.kl_penalty" else {}
     return apply
 
 
@@ -140,9 +168,13 @@ def _same_as(key: str, ours: str):
     return apply
 
 
-def _verl_only(key: str, ours: str, cast=float):
+def _verl_only(key: str, ours: str, cast=float, local_ok: Callable[[Any], bool] = lambda v: True):
+    """A vLLM / Ray setting: our ``ours`` on engine=verl; on the local engine unused where ``local_ok``, else
+    stopped."""
     def apply(v, given, cfg):
         if _engine(cfg) != "verl":
+            if local_ok(v):
+                return {UNUSED: f"a vLLM / Ray setting; engine=verl reads it as {ours}"}
             _stop(f"{key}={v}", f"a vLLM setting: our key is {ours}, with engine=verl (the local engine has no vLLM)")
         return {ours: cast(v)}
     return apply
@@ -159,20 +191,282 @@ def _n_gpus(v, given, cfg):
 
 def _lora(key):
     def apply(v, given, cfg):
-        if int(given.get("lora.rank", 0) or 0) != 0:
-            _stop(f"lora.rank={given.get('lora.rank')}", "LoRA is not implemented: full fine-tuning only (lora.rank=0)")
-        return {}
+        for rank_key in LORA_RANK_KEYS:
+            if int(given.get(rank_key, 0) or 0) != 0:
+                _stop(f"{rank_key}={given.get(rank_key)}", "LoRA is not implemented: full fine-tuning only "
+                      "(lora.rank=0); a smaller model is the way to less memory (model=hf model_path=<dir>)")
+        return {UNUSED: "LoRA is off (rank 0): full fine-tuning"}
     return apply
+
+
+LORA_RANK_KEYS = ("lora.rank", "actor_rollout_ref.model.lora_rank", "critic.model.lora_rank")
 
 
 def _collapse_samples(v, given, cfg):
     return {"trainer.collapse_num_samples": None if str(v).lower() == "all" else int(v)}
 
 
-def _seed_val(v, given, cfg):
-    _stop(f"seed.val={v}", "held-out episodes use fixed seeds here (es_manager.val groups get seeds 1e9 + group, "
-          "never drawn for training); the run's seed is `seed` (seed.train maps to it)")
 
+
+# ---------------------------------------------------------------- keys accepted without effect, or refused
+def _unused(why: str, ok: Optional[Callable[[Any], bool]] = None, refuse: str = ""):
+    """A key accepted and reported as unused (``why``); where ``ok`` is given, a value it rejects stops the run
+    with ``refuse`` (the message naming what to use instead)."""
+    def apply(v, given, cfg):
+        if ok is not None and not ok(v):
+            raise ValueError(refuse.replace("{v}", str(v)))
+        return {UNUSED: why}
+    return apply
+
+
+def _falsy(v: Any) -> bool:
+    return v is None or not _bool(v) or str(v).lower() in ("none", "null")
+
+
+def _null(v: Any) -> bool:
+    return v is None or str(v).lower() in ("null", "none", "~")
+
+
+def _refused_unless(key: str, ok: Callable[[Any], bool], why_unused: str, instead: str):
+    """Accepted (and unused) at RAGEN's default; any other value stops naming ``instead``."""
+    return _unused(why_unused, ok, key + "={v}: " + instead)
+
+
+def _cuda_visible_devices(v, given, cfg):
+    """RAGEN's ``system.CUDA_VISIBLE_DEVICES``: set in this process's environment before torch or Ray looks at the
+    GPUs (the command line's value is set by :func:`move_ragen_overrides`, before anything else runs)."""
+    value = ",".join(str(x) for x in v) if isinstance(v, (list, tuple)) else str(v)
+    set_cuda_visible_devices(value)
+    return {DONE: f"CUDA_VISIBLE_DEVICES={value} (the process's environment)"}
+
+
+def set_cuda_visible_devices(value: str) -> None:
+    """Export ``CUDA_VISIBLE_DEVICES``; once torch has initialised CUDA a different value cannot take effect, so that
+    stops the run (it never happens from the command line, where this runs first)."""
+    import os
+    import sys
+
+    value = str(value).strip()
+    if os.environ.get("CUDA_VISIBLE_DEVICES") == value:
+        return
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        _stop(f"system.CUDA_VISIBLE_DEVICES={value}", "CUDA is already initialised in this process with "
+              f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}; give it on the command line "
+              "(or export it before starting)")
+    os.environ["CUDA_VISIBLE_DEVICES"] = value
+
+
+def _keep_ckpts(key: str):
+    def apply(v, given, cfg):
+        other = [k for k in ("trainer.max_actor_ckpt_to_keep", "trainer.max_critic_ckpt_to_keep")
+                 if k in given and k != key]
+        if other and int(given[other[0]] or 0) != int(v or 0):
+            _stop(f"{key}={v}", f"actor and critic checkpoints are kept together here: give {other[0]} the same "
+                  "value, or set trainer.keep_checkpoints")
+        return {"trainer.keep_checkpoints": 0 if v is None or int(v) < 0 else int(v)}
+    return apply
+
+
+def _resume_mode(v, given, cfg):
+    mode = str(v)
+    if mode == "disable":
+        return {"trainer.resume": False}
+    if mode == "auto":
+        return {"trainer.resume": True}
+    _stop(f"trainer.resume_mode={v}", "a run resumes from its own directory here: trainer.resume=true "
+          "trainer.default_local_dir=<run dir> [trainer.resume_from=<step dir name | last_good | latest>]")
+
+
+def _critic_model_path(v, given, cfg):
+    path = given.get("actor_rollout_ref.model.path") or given.get("model_path") or \
+        OmegaConf.select(cfg, "model.path", default=None)
+    if path is None or str(path) != str(v):
+        _stop(f"critic.model.path={v}", f"the critic starts from the actor's model here: set model_path (now {path})")
+    return {UNUSED: "the critic starts from model.path"}
+
+
+def _critic_betas(v, given, cfg):
+    betas = [float(x) for x in (v if isinstance(v, (list, tuple)) else OmegaConf.to_container(v))]
+    if betas != [0.9, 0.999]:
+        _stop(f"critic.optim.betas={betas}", "the critic's AdamW uses RAGEN's (0.9, 0.999); only the actor's betas "
+              "are a key here (actor_rollout_ref.actor.optim.betas)")
+    return {}
+
+
+def _top_k_sampling(v, given, cfg):
+    if v is None or str(v).lower() in ("null", "none") or int(v) in (-1, 0):
+        return {UNUSED: "no top-k sampling (top_k off)"}
+    _stop(f"ctx_manager.generation.gen_config.top_k={v}", "no top-k sampling here; nucleus sampling is "
+          "actor_rollout_ref.rollout.top_p")
+
+
+def _ray_cpus(v, given, cfg):
+    if _engine(cfg) == "verl":
+        return {"engine.verl.ray_num_cpus": int(v)}
+    return {UNUSED: "no Ray on the local engine (engine=verl: engine.verl.ray_num_cpus)"}
+
+
+def _rollout_name(v, given, cfg):
+    if _engine(cfg) == "verl":
+        if str(v) not in ("hf", "vllm", "sglang"):
+            _stop(f"actor_rollout_ref.rollout.name={v}", "engine.verl.rollout takes hf, vllm or sglang")
+        return {"engine.verl.rollout": str(v)}
+    return {UNUSED: "the local engine samples with the training model (engine=verl: engine.verl.rollout)"}
+
+
+def _validation_steps(v, given, cfg):
+    if int(v) != 1:
+        _stop(f"trainer.validation_steps={v}", "held-out episodes per evaluation are es_manager.val.env_groups x "
+              "es_manager.val.group_size: raise es_manager.val.env_groups instead")
+    return {UNUSED: "one pass over es_manager.val"}
+
+
+def _model_path(v, given, cfg):
+    if _null(v):
+        return {}
+    if OmegaConf.select(cfg, "model.name", default=None) == "tiny":
+        _stop(f"model_path={v}", "model=tiny builds its own small model and reads no path: add model=hf (a local "
+              "Hugging Face checkpoint, with a real model's lrs and lengths)")
+    return {"model.path": str(v)}
+
+
+VLLM = "a vLLM / memory setting (engine=verl sets its own)"
+NOT_HERE = "not implemented here"
+MORE: List[Alias] = [
+    Alias("system.CUDA_VISIBLE_DEVICES", "the process's CUDA_VISIBLE_DEVICES, set before torch / Ray start",
+          _cuda_visible_devices, outcome="honoured"),
+    Alias("model_path", "model.path, and model=hf (a real model's defaults) unless model= is given",
+          _model_path, "says so in one line", outcome="aliased"),
+    Alias("log_prob_micro_batch_size_per_gpu", "(unused: log-probs use micro_batch_size_per_gpu)",
+          _unused("log-probs are computed in micro_batch_size_per_gpu batches"), outcome="unused"),
+    Alias("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", "(unused)",
+          _unused("log-probs are computed in micro_batch_size_per_gpu batches"), outcome="unused"),
+    Alias("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", "(unused)",
+          _unused("log-probs are computed in micro_batch_size_per_gpu batches"), outcome="unused"),
+    Alias("grpo_advantage_length_weight", "(false only)",
+          _refused_unless("grpo_advantage_length_weight", _falsy, "off", f"{NOT_HERE}; the nearest is the loss's "
+                          "aggregation: actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean"), outcome="refused"),
+    Alias("actor_rollout_ref.actor.grpo_advantage_length_weight", "(false only)",
+          _refused_unless("actor_rollout_ref.actor.grpo_advantage_length_weight", _falsy, "off",
+                          f"{NOT_HERE}; the nearest is actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean"),
+          outcome="refused"),
+    Alias("actor_rollout_ref.model.lora_rank", "(0 only)", _lora("actor_rollout_ref.model.lora_rank"),
+          outcome="refused"),
+    Alias("actor_rollout_ref.model.lora_alpha", "(unused)", _lora("x"), outcome="unused"),
+    Alias("actor_rollout_ref.model.target_modules", "(unused)", _lora("x"), outcome="unused"),
+    Alias("critic.model.lora_rank", "(0 only)", _lora("critic.model.lora_rank"), outcome="refused"),
+    Alias("critic.model.lora_alpha", "(unused)", _lora("x"), outcome="unused"),
+    Alias("critic.model.target_modules", "(unused)", _lora("x"), outcome="unused"),
+    Alias("critic.model.path", "(must equal model_path: the critic starts from the actor's model)",
+          _critic_model_path, outcome="unused"),
+    Alias("critic.optim.betas", "(RAGEN's [0.9, 0.999] only: the critic's AdamW default)", _critic_betas,
+          outcome="honoured"),
+    Alias("actor_rollout_ref.actor.use_ref", "(unused: the reference model is built when use_kl_loss=true)",
+          _unused("the reference model is built when actor_rollout_ref.actor.use_kl_loss=true"), outcome="unused"),
+    Alias("actor_rollout_ref.actor.filter_loss_scaling", "(none only)",
+          _refused_unless("actor_rollout_ref.actor.filter_loss_scaling", lambda v: str(v).lower() == "none",
+                          "no loss scaling by the filter's kept fraction", f"{NOT_HERE}; the loss is the mean over "
+                          "the kept groups' tokens (actor_rollout_ref.actor.loss_agg_mode)"), outcome="refused"),
+    Alias("actor_rollout_ref.actor.entropy_from_logits_with_chunking", "(unused: a memory setting)",
+          _unused("a memory setting of verl's actor"), outcome="unused"),
+    Alias("actor_rollout_ref.actor.checkpoint.save_contents", "(unused: checkpoints hold model, optimizer, state)",
+          _unused("a checkpoint holds the weights, optimizer and trainer state"), outcome="unused"),
+    Alias("critic.checkpoint.save_contents", "(unused)",
+          _unused("a checkpoint holds the weights, optimizer and trainer state"), outcome="unused"),
+    Alias("actor_rollout_ref.rollout.name", "engine.verl.rollout (engine=verl; unused on the local engine)",
+          _rollout_name),
+    Alias("actor_rollout_ref.rollout.load_format", "(unused)", _unused(VLLM), outcome="unused"),
+    Alias("actor_rollout_ref.rollout.prompt_length", "(unused; engine.verl.prompt_length on engine=verl)",
+          _unused("RAGEN's own note: not used"), outcome="unused"),
+    Alias("actor_rollout_ref.rollout.max_num_batched_tokens", "(unused)", _unused(VLLM), outcome="unused"),
+    Alias("actor_rollout_ref.rollout.enforce_eager", "(unused)", _unused(VLLM), outcome="unused"),
+    Alias("actor_rollout_ref.rollout.free_cache_engine", "(unused)", _unused(VLLM), outcome="unused"),
+    Alias("actor_rollout_ref.rollout.gradient_analysis_num_buckets", "(unused: no gradient analysis)",
+          _unused("read by RAGEN's gradient analysis (trainer.gradient_analysis_mode), not implemented here"),
+          outcome="unused"),
+    Alias("actor_rollout_ref.rollout.gradient_analysis_bucket_mode", "(unused)",
+          _unused("read by RAGEN's gradient analysis (trainer.gradient_analysis_mode), not implemented here"),
+          outcome="unused"),
+    Alias("actor_rollout_ref.rollout.rollout_filter_empty_stop_steps", "(unused)",
+          _unused("RAGEN's early stop after N steps that keep no group is not implemented (such a step makes no "
+                  "update, rollout/empty_after_filter)"), outcome="unused"),
+    Alias("data.max_prompt_length", "(null only: agent_proxy.max_context_tokens)",
+          _refused_unless("data.max_prompt_length", _null, "RAGEN sets it itself", "the context is bounded by "
+                          "agent_proxy.max_context_tokens (RAGEN's actor_rollout_ref.rollout.max_model_len)"),
+          outcome="refused"),
+    Alias("data.max_response_length", "(null only: actor_rollout_ref.rollout.response_length)",
+          _refused_unless("data.max_response_length", _null, "RAGEN sets it itself", "a turn's answer is bounded by "
+                          "actor_rollout_ref.rollout.response_length"), outcome="refused"),
+    Alias("data.train_batch_size", "(null only: es_manager.train.env_groups x group_size)",
+          _refused_unless("data.train_batch_size", _null, "RAGEN sets it itself", "the rollout batch is "
+                          "es_manager.train.env_groups x es_manager.train.group_size"), outcome="refused"),
+    Alias("algorithm.zero_task_advantage", "(false only)",
+          _refused_unless("algorithm.zero_task_advantage", _falsy, "off", f"{NOT_HERE} (RAGEN's ablation that drops "
+                          "the task's advantage); the entropy / KL terms alone: actor_rollout_ref.actor.entropy_coeff"),
+          outcome="refused"),
+    Alias("algorithm.soft_advantage_reweight", "(false only)",
+          _refused_unless("algorithm.soft_advantage_reweight", _falsy, "off", f"{NOT_HERE}; low-variance groups are "
+                          "dropped by the rollout filter: actor_rollout_ref.rollout.rollout_filter_ratio"),
+          outcome="refused"),
+    Alias("algorithm.use_kl_in_reward", "(false only)",
+          _refused_unless("algorithm.use_kl_in_reward", _falsy, "no KL penalty in the reward", "a KL penalty in the "
+                          "reward is not implemented; use the KL loss: actor_rollout_ref.actor.use_kl_loss=true "
+                          "actor_rollout_ref.actor.kl_loss_coef=<coef>"), outcome="refused"),
+    Alias("trainer.local_log_dir", "(unused: logs go to trainer.default_local_dir)",
+          _unused("logs, metrics and checkpoints go to trainer.default_local_dir (under trainer.runs_dir)"),
+          outcome="unused"),
+    Alias("trainer.validation_steps", "(1 only: es_manager.val.env_groups)", _validation_steps, outcome="refused"),
+    Alias("trainer.generations_to_log_to_wandb.val", "trainer.log_val_generations",
+          _set("trainer.log_val_generations", int)),
+    Alias("trainer.max_actor_ckpt_to_keep", "trainer.keep_checkpoints", _keep_ckpts("trainer.max_actor_ckpt_to_keep")),
+    Alias("trainer.max_critic_ckpt_to_keep", "trainer.keep_checkpoints (equal to the actor's)",
+          _keep_ckpts("trainer.max_critic_ckpt_to_keep")),
+    Alias("trainer.log_group_rv_table", "(unused)",
+          _unused("the per-group reward table is not logged; metrics.jsonl has the filter's numbers"),
+          outcome="unused"),
+    Alias("trainer.gradient_analysis_mode", "(false only)",
+          _refused_unless("trainer.gradient_analysis_mode", _falsy, "off", f"RAGEN's gradient analysis is {NOT_HERE}; "
+                          "per-step gradient norms are in metrics.jsonl (actor/grad_norm)"), outcome="refused"),
+    Alias("trainer.gradient_analysis_every", "(unused)", _unused("no gradient analysis"), outcome="unused"),
+    Alias("trainer.gradient_analysis_env_groups", "(unused)", _unused("no gradient analysis"), outcome="unused"),
+    Alias("trainer.gradient_analysis_group_size", "(unused)", _unused("no gradient analysis"), outcome="unused"),
+    Alias("trainer.gradient_analysis_log_prefilter", "(unused)", _unused("no gradient analysis"), outcome="unused"),
+    Alias("trainer.gradient_analysis_only", "(false only)",
+          _refused_unless("trainer.gradient_analysis_only", _falsy, "off", f"RAGEN's gradient analysis is {NOT_HERE}"),
+          outcome="refused"),
+    Alias("trainer.exit_after_gradient_analysis", "(false only)",
+          _refused_unless("trainer.exit_after_gradient_analysis", _falsy, "off",
+                          f"RAGEN's gradient analysis is {NOT_HERE}"), outcome="refused"),
+    Alias("trainer.resume_mode", "trainer.resume (auto -> true, disable -> false)", _resume_mode),
+    Alias("trainer.resume_from_path", "(refused: trainer.resume_from names a step of the run dir)",
+          _unused("", lambda v: _null(v), "trainer.resume_from_path={v}: a run resumes from its own directory "
+                  "here: trainer.resume=true trainer.default_local_dir=<run dir> "
+                  "trainer.resume_from=<step dir name | last_good | latest>"), outcome="refused"),
+    Alias("agent_proxy.batch_adjust_mode", "(unused: batch sizes must divide, checked before work)",
+          _unused("batch sizes must divide evenly here (checked before any work)"), outcome="unused"),
+    Alias("collapse_detection.micro_batch_size", "(unused)", _unused("cross-scoring uses micro_batch_size_per_gpu"),
+          outcome="unused"),
+    Alias("collapse_detection.first_turn_enabled", "(unused: trainer.collapse_freq=0 turns the measures off)",
+          _unused("the collapse measures are first-turn ones; trainer.collapse_freq=0 turns them off"),
+          outcome="unused"),
+    Alias("collapse_detection.multi_turn_enabled", "(unused)",
+          _unused("the collapse measures are first-turn ones; trainer.collapse_freq=0 turns them off"),
+          outcome="unused"),
+    Alias("ctx_manager.generation.gen_config.response_length", "actor_rollout_ref.rollout.response_length",
+          _set("actor_rollout_ref.rollout.response_length", int)),
+    Alias("ctx_manager.generation.gen_config.temperature", "actor_rollout_ref.rollout.temperature",
+          _set("actor_rollout_ref.rollout.temperature", float)),
+    Alias("ctx_manager.generation.gen_config.top_p", "actor_rollout_ref.rollout.top_p",
+          _set("actor_rollout_ref.rollout.top_p", float)),
+    Alias("ctx_manager.generation.gen_config.top_k", "(off only: -1, 0 or null)", _top_k_sampling, outcome="refused"),
+    Alias("ctx_manager.generation.gen_config.kwargs", "(null only)",
+          _refused_unless("ctx_manager.generation.gen_config.kwargs", _null, "no extra sampling arguments",
+                          "extra sampling arguments are not passed on; the sampler's keys are "
+                          "actor_rollout_ref.rollout.{temperature, top_p, response_length}"), outcome="refused"),
+    Alias("ray_kwargs.ray_init.num_cpus", "engine.verl.ray_num_cpus (engine=verl; unused on the local engine)",
+          _ray_cpus),
+]
 
 ALIASES: List[Alias] = [
     Alias("algorithm.adv_estimator", "algorithm.adv_estimator (gae -> token_gae, or bi_level_gae with "
@@ -191,14 +485,17 @@ ALIASES: List[Alias] = [
     Alias("trainer.logger", "logger (console or wandb)", _logger, "other loggers stop"),
     Alias("trainer.project_name", "wandb.project", _set("wandb.project", str)),
     Alias("seed.train", "seed (the run seed; train env seeds are drawn from it)", _set("seed", int), rename="seed"),
-    Alias("seed.val", "(stops: held-out seeds are fixed)", _seed_val),
+    Alias("seed.val", "(unused: held-out seeds are fixed, es_manager.val.seeds)",
+          _unused("held-out episodes use fixed seeds here (1e9 + group, never drawn for training; "
+                  "es_manager.val.seeds=heldout | dev)"), outcome="unused"),
     Alias("agent_proxy.max_context_window", "(full history: -1 only)",
           _noop_if("agent_proxy.max_context_window", lambda v: v is None or int(v) < 0,
                    "every turn sees the whole history here (RAGEN's -1); the context is bounded by "
-                   "agent_proxy.max_context_tokens")),
+                   "agent_proxy.max_context_tokens"), outcome="refused"),
     Alias("agent_proxy.context_window_mode", "(full only)",
           _noop_if("agent_proxy.context_window_mode", lambda v: str(v) == "full",
-                   "only RAGEN's full mode (the whole history, bounded by agent_proxy.max_context_tokens)")),
+                   "only RAGEN's full mode (the whole history, bounded by agent_proxy.max_context_tokens)"),
+          outcome="refused"),
     Alias("actor_rollout_ref.rollout.rollout_filter_value", "actor_rollout_ref.rollout.rollout_filter_ratio (and "
           "rollout_filter_strategy=top_p, RAGEN's default, when none is set)", _filter_value),
     Alias("actor_rollout_ref.rollout_filter_strategy", "actor_rollout_ref.rollout.rollout_filter_strategy (the path "
@@ -206,11 +503,12 @@ ALIASES: List[Alias] = [
     Alias("actor_rollout_ref.model.path", "model.path", _set("model.path", str)),
     Alias("enable_response_mask", "(true only: the loss is always on the model's own tokens)",
           _noop_if("enable_response_mask", _bool, "the loss is always on the tokens the model sampled "
-                   "(response_mask); training on environment tokens is not supported")),
+                   "(response_mask); training on environment tokens is not supported"), outcome="honoured"),
     Alias("algorithm.kl_ctrl.kl_coef", "(0 only; a KL loss: actor_rollout_ref.actor.use_kl_loss / kl_loss_coef)",
-          _kl_ctrl("algorithm.kl_ctrl.kl_coef")),
-    Alias("algorithm.kl_ctrl.type", "(fixed, with kl_coef 0)", _kl_ctrl("algorithm.kl_ctrl.type")),
-    Alias("algorithm.kl_penalty", "(in-reward KL estimator: unused with kl_coef 0)", _kl_ctrl("algorithm.kl_penalty")),
+          _kl_ctrl("algorithm.kl_ctrl.kl_coef"), outcome="refused"),
+    Alias("algorithm.kl_ctrl.type", "(fixed, with kl_coef 0)", _kl_ctrl("algorithm.kl_ctrl.type"), outcome="refused"),
+    Alias("algorithm.kl_penalty", "(in-reward KL estimator: unused with kl_coef 0)", _kl_ctrl("algorithm.kl_penalty"),
+          outcome="unused"),
     Alias("critic.ppo_mini_batch_size", "ppo_mini_batch_size (must be equal)",
           _same_as("critic.ppo_mini_batch_size", "ppo_mini_batch_size")),
     Alias("critic.ppo_micro_batch_size_per_gpu", "micro_batch_size_per_gpu (must be equal)",
@@ -220,17 +518,19 @@ ALIASES: List[Alias] = [
           _set("micro_batch_size_per_gpu", int)),
     Alias("actor_rollout_ref.rollout.gpu_memory_utilization", "engine.verl.gpu_memory_utilization (engine=verl)",
           _verl_only("actor_rollout_ref.rollout.gpu_memory_utilization", "engine.verl.gpu_memory_utilization")),
-    Alias("actor_rollout_ref.rollout.tensor_model_parallel_size", "engine.verl.rollout_tp (engine=verl)",
-          _verl_only("actor_rollout_ref.rollout.tensor_model_parallel_size", "engine.verl.rollout_tp", int)),
+    Alias("actor_rollout_ref.rollout.tensor_model_parallel_size", "engine.verl.rollout_tp (engine=verl; 1 on the "
+          "local engine)", _verl_only("actor_rollout_ref.rollout.tensor_model_parallel_size", "engine.verl.rollout_tp",
+                                      int, local_ok=lambda v: int(v) == 1)),
     Alias("actor_rollout_ref.rollout.max_model_len", "agent_proxy.max_context_tokens (an episode ends when its "
           "next turn would not fit; RAGEN drops old turns)", _set("agent_proxy.max_context_tokens", int)),
     Alias("trainer.n_gpus_per_node", "trainer.n_gpus_per_node (engine=verl; 1 on the local engine)", _n_gpus),
-    Alias("lora.rank", "(0 only: full fine-tuning)", _lora("lora.rank")),
-    Alias("lora.alpha", "(with lora.rank 0: unused)", _lora("lora.alpha")),
-    Alias("lora.target_modules", "(with lora.rank 0: unused)", _lora("lora.target_modules")),
+    Alias("lora.rank", "(0 only: full fine-tuning)", _lora("lora.rank"), outcome="refused"),
+    Alias("lora.alpha", "(with lora.rank 0: unused)", _lora("lora.alpha"), outcome="unused"),
+    Alias("lora.target_modules", "(with lora.rank 0: unused)", _lora("lora.target_modules"), outcome="unused"),
     Alias("collapse_detection.compute_freq", "trainer.collapse_freq", _set("trainer.collapse_freq", int)),
     Alias("collapse_detection.num_samples", "trainer.collapse_num_samples (all -> null)", _collapse_samples),
 ]
+ALIASES += MORE
 BY_KEY: Dict[str, Alias] = {a.key: a for a in ALIASES}
 
 
@@ -239,18 +539,104 @@ def _override_key(override: str) -> str:
     return head.lstrip("+~")
 
 
+NOTES: List[str] = []  # lines the command line prints once (what model_path chose); train.prepare_cli prints them
+
+
 def move_ragen_overrides(overrides: List[str]) -> List[str]:
-    """Command-line overrides with every RAGEN table key moved under ``ragen_keys.`` (before Hydra composes)."""
+    """Command-line overrides with every RAGEN table key moved under ``ragen_keys.`` (before Hydra composes).
+
+    Also, before anything else runs: ``system.CUDA_VISIBLE_DEVICES`` is exported, and RAGEN's ``model_path=<dir>``
+    becomes ``model.path=<dir>`` with ``model=hf`` (a real model's defaults) unless a ``model=`` is given (one line
+    in :data:`NOTES` says so). A key that neither the table nor the schema knows stops here with our message
+    (:func:`unknown_override_problems`), never Hydra's."""
+    problems = unknown_override_problems(overrides)
+    if problems:
+        raise ValueError(problems[0] if len(problems) == 1 else
+                         f"{len(problems)} unknown keys:\n  " + "\n  ".join(problems))
+    model_given = any(_override_key(o) == "model" for o in overrides if "=" in o)
     out = []
     for o in overrides:
         key = _override_key(o)
+        if "=" in o and re.fullmatch(r"custom_envs\.[^.]+\.env_config\..+", key) and not o.startswith(("+", "~")):
+            out.append("++" + o)  # RAGEN's scripts set env_config keys our entry may not list: add or override
+            continue
         if "=" in o and key in BY_KEY and not o.startswith("~"):
             value = o.split("=", 1)[1]
             out.append(f"++{HOLD}.{key}={value}")
             if BY_KEY[key].rename:
                 out.append(f"{BY_KEY[key].rename}={value}")
+            if key == "system.CUDA_VISIBLE_DEVICES":
+                set_cuda_visible_devices(value.strip("'\""))
+            if key == "model_path":
+                out.append(f"model.path={value}")
+                if not model_given:
+                    out.append("model=hf")
+                    NOTES.append(f"[ragen_turn] model_path={value}: model=hf, a Hugging Face checkpoint with a real "
+                                 "model's defaults (actor lr 1e-6, critic lr 1e-5, RAGEN's response_length 400 and "
+                                 "context 3600 tokens; no warm-start SFT unless model.warmstart.enable=true)")
         else:
             out.append(o)
+    return out
+
+
+def algo_for_named_run(overrides: List[str], config_name: Optional[str]) -> List[str]:
+    """RAGEN's named runs (``--config-name _N_<env>``) choose the algorithm with ``algorithm.adv_estimator`` (RAGEN's
+    scripts: ``... --config-name _2_sokoban algorithm.adv_estimator=grpo``): with no ``algo=`` given, the algo that
+    carries that estimator is added (and :data:`NOTES` says so). Other configs keep their algo (a mismatch stops
+    naming the algo to use)."""
+    if not config_name or not re.match(r"_\d+_", str(config_name)):
+        return overrides
+    given = {_override_key(o): o.split("=", 1)[1] for o in overrides if "=" in o}
+    if "algo" in given or "algorithm.adv_estimator" not in given:
+        return overrides
+    adv = given["algorithm.adv_estimator"].strip("'\"")
+    if adv == "gae":
+        adv = "bi_level_gae" if _bool(given.get("algorithm.bi_level_gae", "false")) else "token_gae"
+    algo = ALGO_OF_ADV.get(adv)
+    if algo is None:
+        return overrides
+    NOTES.append(f"[ragen_turn] algorithm.adv_estimator={given['algorithm.adv_estimator']}: algo={algo} "
+                 f"({config_name} picks the algo from RAGEN's estimator)")
+    return [*overrides, f"algo={algo}"]
+
+
+CONFIG_GROUPS = ("model", "env", "algo", "engine", "paper", "sweep", "setting", "env_model")
+
+
+def unknown_override_problems(overrides: List[str]) -> List[str]:
+    """Our message for each ``key=value`` override whose key the schema (``ragen_turn/schema.py``) lacks, walking the
+    typed sections (open mappings such as ``custom_envs`` and ``engine.verl.overrides`` end the walk). Keys added
+    with ``+`` and Hydra's own are left to the later checks."""
+    import dataclasses
+    import typing
+
+    from ragen_turn.schema import RunConfig, _field_each, _inner, _unknown_key
+
+    out = []
+    for o in overrides:
+        if "=" not in o or o.startswith(("+", "~", "-")):
+            continue
+        key = _override_key(o)
+        if key in BY_KEY or key.split(".")[0].split("/")[0] in ("hydra", HOLD, *CONFIG_GROUPS) and \
+                ("/" in key or "." not in key or key.startswith(("hydra", HOLD))):
+            continue
+        parts, cls = key.split("."), RunConfig
+        for i, part in enumerate(parts):
+            if not dataclasses.is_dataclass(cls):
+                break
+            hints = typing.get_type_hints(cls)
+            if part not in hints:
+                near = [k for k in BY_KEY if k.startswith(".".join(parts[:i + 1]) + ".")]
+                if near:  # under a section only RAGEN has
+                    out.append(f"{key}: unknown key (RAGEN's keys under {'.'.join(parts[:i + 1])}: "
+                               f"{', '.join(sorted(near)[:4])}; docs/ragen_keys.md)")
+                    break
+                where = _unknown_key(".".join(parts[:i + 1]))
+                out.append(f"{key}: {where}" if i < len(parts) - 1 else where)
+                break
+            if _field_each(cls, part) is not None:
+                break
+            cls = _inner(hints[part])
     return out
 
 
@@ -282,14 +668,70 @@ def apply_ragen_keys(cfg: DictConfig) -> Dict[str, str]:
     for a in ALIASES:
         if a.key not in given:
             continue
-        set_ = a.apply(given[a.key], given, cfg) or {}
+        set_ = dict(a.apply(given[a.key], given, cfg) or {})
+        unused, done = set_.pop(UNUSED, None), set_.pop(DONE, None)
         changed = any(_select(cfg, k) != v for k, v in set_.items())
         updates.update(set_)
-        if a.key in held or changed:
-            record[f"{a.key}={given[a.key]}"] = ", ".join(f"{k}={v}" for k, v in set_.items()) or "(no change)"
+        if a.key in held or changed or unused or done:
+            what = ", ".join(f"{k}={v}" for k, v in set_.items()) or done or "(no change)"
+            record[f"{a.key}={given[a.key]}"] = f"{UNUSED_TAG}{unused}" if unused else what
     with open_dict(cfg):
         for k, v in updates.items():
             OmegaConf.update(cfg, k, v, force_add=True)
         prev = _select(cfg, RECORD) or {}
         cfg[RECORD] = {**prev, **record}
     return record
+
+
+# ---------------------------------------------------------------- what the run's log says once
+ENV_ENTRY_UNUSED = {  # keys of RAGEN's envs.yaml entries that mean nothing here -> why
+    "max_workers": "envs step in this process (no env worker pool)",
+    "parallel_friendly": "envs step in this process (no env worker pool)",
+    "max_tokens": "RAGEN writes it into the prompt as a length hint; the answer's limit here is "
+                  "actor_rollout_ref.rollout.response_length",
+}
+
+
+RAGEN_ONLY_ENTRY_KEYS = ("max_workers", "parallel_friendly")  # an entry with one of these was pasted from RAGEN
+
+
+def unused_lines(cfg: DictConfig) -> List[str]:
+    """The run log's lines naming every RAGEN key given that has no effect here (at most two lines: the config's
+    keys, then the ``custom_envs`` keys of the RAGEN entries (those with ``max_workers`` / ``parallel_friendly``)
+    of the tags this run plays)."""
+    out = []
+    aliases = _select(cfg, RECORD) or {}
+    unused = [f"{k} ({v[len(UNUSED_TAG):]})" for k, v in aliases.items() if str(v).startswith(UNUSED_TAG)]
+    if unused:
+        out.append("[ragen_turn] RAGEN keys accepted but unused here: " + "; ".join(unused))
+    tags = []
+    for split in ("train", "val"):
+        tags += [t for t in (_select(cfg, f"es_manager.{split}.env_configs.tags") or []) if t not in tags]
+    entries = _select(cfg, "custom_envs") or {}
+    per_key: Dict[str, List[str]] = {}
+    for tag in tags:
+        entry = entries.get(tag) or {}
+        if all(entry.get(k) is None for k in RAGEN_ONLY_ENTRY_KEYS):
+            continue  # our own entries carry max_tokens (part of warm-start cache keys): not a RAGEN entry's key
+        for k in ENV_ENTRY_UNUSED:
+            if entry.get(k) is not None:
+                per_key.setdefault(k, []).append(f"{tag}={entry[k]}")
+    if per_key:
+        out.append("[ragen_turn] custom_envs keys accepted but unused here: " + "; ".join(
+            f"{k} [{', '.join(v)}]: {ENV_ENTRY_UNUSED[k]}" for k, v in per_key.items()))
+    return out
+
+
+QUIET = ("system.CUDA_VISIBLE_DEVICES", "trainer.project_name", "trainer.logger", "trainer.local_log_dir",
+         "trainer.max_actor_ckpt_to_keep", "trainer.max_critic_ckpt_to_keep", "trainer.generations_to_log_to_wandb.val",
+         "trainer.resume_mode", "trainer.n_gpus_per_node", "ray_kwargs.ray_init.num_cpus",
+         "actor_rollout_ref.rollout.name", "actor_rollout_ref.rollout.gpu_memory_utilization",
+         "actor_rollout_ref.rollout.tensor_model_parallel_size")
+
+
+def quiet_keys(ours: Any) -> List[str]:
+    """``${ragen_quiet_keys:[...]}`` (config/base.yaml): the run name's excluded keys plus RAGEN's keys that change
+    nothing here (unused ones, and refused ones, whose accepted values are RAGEN's no-op defaults) or only where /
+    how the run is logged and placed (:data:`QUIET`), as they are held on the command line (``ragen_keys.<key>``)."""
+    base = list(ours)
+    return base + [f"{HOLD}.{a.key}" for a in ALIASES if a.outcome in ("unused", "refused") or a.key in QUIET]

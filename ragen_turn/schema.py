@@ -297,8 +297,10 @@ class CustomEnvConfig:
     env_type: str = key(nonempty=True)
     max_actions_per_traj: Optional[int] = key(None, **COUNT)
     env_instruction: Optional[str] = key(None)
-    max_tokens: Optional[int] = key(None, **COUNT)
-    env_config: Dict[str, Any] = key({})  # the env's config dataclass checks it (make_env_config)
+    max_tokens: Optional[int] = key(None, **COUNT)  # RAGEN's prompt length hint: accepted, unused (listed in the log)
+    parallel_friendly: Optional[bool] = key(None)  # RAGEN's env worker pool: accepted, unused (listed in the log)
+    max_workers: Optional[int] = key(None, **COUNT)  # likewise
+    env_config: Optional[Dict[str, Any]] = key({})  # the env's config dataclass checks it (make_env_config); null = {}
 
 
 @dataclass

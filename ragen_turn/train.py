@@ -58,6 +58,16 @@ if not OmegaConf.has_resolver("run_overrides"):
     OmegaConf.register_new_resolver("run_overrides", _run_overrides)
 
 
+def _ragen_quiet_keys(ours):
+    from ragen_turn.ragen_keys import quiet_keys
+
+    return quiet_keys(ours)
+
+
+if not OmegaConf.has_resolver("ragen_quiet_keys"):  # the run name leaves out RAGEN keys that change nothing here
+    OmegaConf.register_new_resolver("ragen_quiet_keys", _ragen_quiet_keys)
+
+
 def _env_modules_in(overrides: list[str]) -> list:
     """The ``env_module=`` values among command-line overrides (a name or a list of names)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -104,32 +114,85 @@ def prepare_envs(overrides: list[str]) -> None:
 
     import_env_modules(_env_modules_in(list(overrides)))
     cs = ConfigStore.instance()
-    for name in REGISTERED_ENVS:
-        if not (Path(CONFIG_DIR) / "env" / f"{name}.yaml").is_file():
+    dirs = [Path(CONFIG_DIR), *_searchpath_dirs(list(overrides))]
+    for name in REGISTERED_ENVS:  # a group file of that name (here or on hydra.searchpath) is the env's entry
+        if not any((d / "env" / f"{name}.yaml").is_file() for d in dirs):
             cs.store(group="env", name=name, node=registered_env_config(name), package="_global_")
+        else:  # and replaces a generated entry an earlier composition in this process stored
+            cs.repo.get("env", {}).pop(f"{name}.yaml", None)
 
 
-def compose_with_hydra(overrides: list[str] | None = None) -> DictConfig:
+def _searchpath_dirs(overrides: list[str]) -> list[Path]:
+    """The ``file://`` directories of a ``hydra.searchpath=[...]`` override (where a user keeps config groups of
+    their own, e.g. ``env/<name>.yaml`` holding RAGEN ``envs.yaml`` entries)."""
+    out = []
+    for o in overrides:
+        if o.lstrip("+").startswith("hydra.searchpath="):
+            value = o.split("=", 1)[1].strip("[]")
+            out += [Path(v.strip().strip("'\"")[len("file://"):]) for v in value.split(",")
+                    if v.strip().strip("'\"").startswith("file://")]
+    return out
+
+
+def named_configs() -> list[str]:
+    """The configs ``--config-name`` can pick: ``base`` (ours, the default) and RAGEN's named runs (``_N_<env>``)."""
+    return sorted(p.stem for p in Path(CONFIG_DIR).glob("*.yaml"))
+
+
+def check_config_name(name: str | None) -> None:
+    """``--config-name <name>`` names a config here, and the env group it selects exists (RAGEN's ``_1_bandit`` needs
+    ``config/env/bandit.yaml``); else a ``ValueError`` that lists what there is."""
+    if name is None or name == "base":
+        return
+    name = name[:-5] if name.endswith(".yaml") else name
+    path = Path(CONFIG_DIR) / f"{name}.yaml"
+    if not path.is_file():
+        raise ValueError(f"--config-name {name}: no config/{name}.yaml; available: {', '.join(named_configs())} "
+                         f"(RAGEN's named runs are _N_<env>; ours is base, the default)")
+    from ragen_turn.envs import REGISTERED_ENVS
+
+    for line in path.read_text().splitlines():
+        m = re.match(r"\s*-\s*override\s+/env:\s*(\S+)", line)
+        if m and not (Path(CONFIG_DIR) / "env" / f"{m.group(1)}.yaml").is_file() and m.group(1) not in REGISTERED_ENVS:
+            shipped = [n for n in named_configs() if n != "base" and _env_of(n) in (None, *_shipped_envs())]
+            env = m.group(1)
+            raise ValueError(f"--config-name {name}: RAGEN's run needs env={env} (config/env/{env}.yaml), which "
+                             f"this checkout does not ship yet (nor does an env_module= register it); the named "
+                             f"runs that work here: {', '.join(shipped)}")
+
+
+def _env_of(name: str) -> str | None:
+    m = re.search(r"override\s+/env:\s*(\S+)", (Path(CONFIG_DIR) / f"{name}.yaml").read_text())
+    return m.group(1) if m else None
+
+
+def _shipped_envs() -> list[str]:
+    return [p.stem for p in (Path(CONFIG_DIR) / "env").glob("*.yaml")]
+
+
+def compose_with_hydra(overrides: list[str] | None = None, config_name: str = "base") -> DictConfig:
     """The composed config for ``overrides`` (as on the command line) with its ``hydra`` node, unresolved: what
-    ``compose_config`` resolves; sweep values (``a=1,2``) are not allowed here (see ``ragen_turn.sweeps``)."""
+    ``compose_config`` resolves; sweep values (``a=1,2``) are not allowed here (see ``ragen_turn.sweeps``).
+    ``config_name``: ``base`` or one of RAGEN's named runs (``_2_sokoban``; :func:`named_configs`)."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from ragen_turn.ragen_keys import move_ragen_overrides
+    from ragen_turn.ragen_keys import algo_for_named_run, move_ragen_overrides
 
-    overrides = move_ragen_overrides(list(overrides or []))
+    overrides = move_ragen_overrides(algo_for_named_run(list(overrides or []), config_name))
     prepare_envs(overrides)
+    check_config_name(config_name)
     if GlobalHydra.instance().is_initialized():  # inside a @hydra.main app (e.g. eval re-composing a run)
-        return compose(config_name="base", overrides=list(overrides or []), return_hydra_config=True)
+        return compose(config_name=config_name, overrides=list(overrides or []), return_hydra_config=True)
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        return compose(config_name="base", overrides=list(overrides or []), return_hydra_config=True)
+        return compose(config_name=config_name, overrides=list(overrides or []), return_hydra_config=True)
 
 
-def compose_config(overrides: list[str] | None = None) -> DictConfig:
+def compose_config(overrides: list[str] | None = None, config_name: str = "base") -> DictConfig:
     """The resolved config for ``overrides`` (as on the command line), without starting a run."""
     from ragen_turn.ragen_keys import apply_ragen_keys
 
-    cfg = compose_with_hydra(overrides)
+    cfg = compose_with_hydra(overrides, config_name)
     token = _COMPOSED_OVERRIDES.set(str(cfg.hydra.job.override_dirname))
     try:
         with open_dict(cfg):
@@ -256,14 +319,29 @@ def check_config_files(dirs: list[Path]) -> None:
             raise ValueError(f"{path}: malformed YAML ({type(e).__name__}: {e})") from None
 
 
+def _config_name_arg(argv: list[str]) -> str | None:
+    """The value of Hydra's ``--config-name`` / ``-cn`` in ``argv`` (None when absent)."""
+    for i, a in enumerate(argv):
+        if a in ("--config-name", "-cn") and i + 1 < len(argv):
+            return argv[i + 1]
+        if a.startswith("--config-name="):
+            return a.split("=", 1)[1]
+    return None
+
+
 def prepare_cli() -> None:
-    """Before ``@hydra.main`` composes ``sys.argv``: the config files parse, RAGEN's keys moved aside,
-    ``env_module=`` imported."""
-    from ragen_turn.ragen_keys import move_ragen_overrides
+    """Before ``@hydra.main`` composes ``sys.argv``: the config files parse, RAGEN's keys moved aside (``model_path`` says what it chose, in
+    one line), ``env_module=`` imported, a ``--config-name`` checked."""
+    from ragen_turn.ragen_keys import NOTES, algo_for_named_run, move_ragen_overrides
 
     check_config_files(config_dirs(sys.argv[1:]))
-    sys.argv[1:] = move_ragen_overrides(sys.argv[1:])
+    name = _config_name_arg(sys.argv[1:])
+    sys.argv[1:] = move_ragen_overrides(algo_for_named_run(sys.argv[1:], name))
     prepare_envs(sys.argv[1:])
+    check_config_name(name)
+    for line in dict.fromkeys(NOTES):
+        print(line)
+    NOTES.clear()
 
 
 def cli() -> None:

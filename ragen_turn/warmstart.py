@@ -176,7 +176,9 @@ def _demo_env_spec(env_spec: Any) -> Dict[str, Any]:
     only scores the purchase)."""
     spec = OmegaConf.to_container(env_spec, resolve=True)
     for k in ("deadlock_penalty", "end_on_deadlock", "distance_shaping", "spacy_model"):
-        spec.get("env_config", {}).pop(k, None)
+        (spec.get("env_config") or {}).pop(k, None)  # RAGEN's entries may say env_config: null
+    for k in ("max_workers", "parallel_friendly"):  # RAGEN's env worker pool: not what the demonstrations are
+        spec.pop(k, None)
     return spec
 
 

@@ -64,7 +64,7 @@ CASES = [
     (["env=sokobann"], "env"),
     (["algo=grpo", "es_manager.train.group_size=1", "ppo_mini_batch_size=16"], "es_manager.train.group_size"),
     (["trainer.resume=true", "trainer.resume_from=step_000009"], "trainer.resume_from"),
-    (["seed.val=5"], "seed.val"),
+    (["trainer.validation_steps=5"], "trainer.validation_steps"),  # was seed.val=5, accepted as unused since #49
     # keys merged after the schema: algorithm wiring, validation seeds, warm start, search QA, the papers' data
     (["actor_rollout_ref.actor.clip_ratio_c=0.5"], "actor_rollout_ref.actor.clip_ratio_c"),
     (["actor_rollout_ref.actor.policy_loss.clip_bias_stat=foo"], "actor_rollout_ref.actor.policy_loss.clip_bias_stat"),

@@ -165,7 +165,7 @@ def test_bi_level_gae_hand_case():
     mask = torch.tensor([[0.0, 1, 1, 0, 1, 1]])
     vals = torch.tensor([[0.0, 0.1, 0.5, 0.0, 0.2, 0.7]])
     r = torch.tensor([[0.0, 1.0]])
-    adv, _ = compute_bi_level_gae(r, vals, mask, gamma=1.0, lam=1.0, high_level_gamma=0.9)
+    adv, _ = compute_bi_level_gae(r, vals, mask, gamma=1.0, lam=1.0, high_level_gamma=0.9, turn_ends="mask")
     # high: R1 = 1 ; A0 = 0 + .9*.7 - .5 + .9*(1 - .7) = .4 ; R0 = .9
     # low turn0: A2 = .9 - .5 = .4 ; A1 = 0 + .5 - .1 + .4 = .8 ; turn1: A5 = 1 - .7 = .3 ; A4 = .7 - .2 + .3 = .8
     assert torch.allclose(adv, torch.tensor([[0.0, 0.8, 0.4, 0.0, 0.8, 0.3]]), atol=1e-6)

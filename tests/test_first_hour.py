@@ -159,14 +159,27 @@ def test_eval_sh_reads_a_run_whose_name_holds_overrides(tmp_path):
                          env=dict(os.environ, RAGEN_TURN_RUNS_DIR=str(tmp_path / "runs")))
     assert out.returncode == 0, out.stderr[-2000:]
     assert "| model | episodes | success" in out.stdout
-    assert (run / "checkpoints" / "step_000001" / "eval_sokoban.json").is_file()
+    # the JSON goes into the run dir, not into the checkpoint (a model directory eval only reads)
+    assert (run / "eval" / "sokoban_step_000001.json").is_file()
+    assert not list((run / "checkpoints").rglob("eval_*.json"))
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == [run.name]  # no run dir named after eval's overrides
-    # a plain Hugging Face model dir (e.g. a cached warm start): the JSON goes inside it, not into the folder holding it
+    # a plain Hugging Face model dir (e.g. a cached warm start), read-only: the JSON goes under the runs dir, or --out
     hf = tmp_path / "models" / "some_model"
     shutil.copytree(run / "checkpoints" / "step_000001" / "actor", hf)
-    out = subprocess.run(["bash", "eval.sh", "sokoban", str(hf), "es_manager.val.env_groups=2", "device=cpu",
-                          "agent_proxy.max_turn=2", "actor_rollout_ref.rollout.response_length=8"],
-                         cwd=ROOT, text=True, capture_output=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert (hf / "eval_sokoban.json").is_file() and not (tmp_path / "models" / "eval_sokoban.json").exists()
-    assert "| some_model |" in out.stdout
+    hf.chmod(0o555)
+    try:
+        small = ["es_manager.val.env_groups=2", "device=cpu", "agent_proxy.max_turn=2",
+                 "actor_rollout_ref.rollout.response_length=8"]
+        env = dict(os.environ, RAGEN_TURN_RUNS_DIR=str(tmp_path / "runs"))
+        out = subprocess.run(["bash", "eval.sh", "sokoban", str(hf), *small], cwd=ROOT, text=True, capture_output=True,
+                             timeout=300, env=env)
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert (tmp_path / "runs" / "eval_some_model" / "eval_sokoban.json").is_file()
+        assert not list(tmp_path.joinpath("models").rglob("eval_*.json"))
+        assert "| some_model |" in out.stdout
+        out = subprocess.run(["bash", str(ROOT / "eval.sh"), "sokoban", str(hf), "--out", "mine/e.json", *small],
+                             cwd=tmp_path, text=True, capture_output=True, timeout=300, env=env)
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert (tmp_path / "mine" / "e.json").is_file()  # relative to where the command was typed
+    finally:
+        hf.chmod(0o755)

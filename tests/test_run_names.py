@@ -50,9 +50,12 @@ def test_readme_usage_lines_get_their_own_run_dirs():
     assert len(lines) >= 5
     dirs = {}
     for words in lines:
-        _, _, env, algo, *overrides = words
-        dirs[" ".join(words)] = str(compose_config([f"env={env}", f"algo={algo}", *overrides])
-                                    .trainer.default_local_dir)
+        if words[2] == "--config-name":  # RAGEN's named runs: bash train.sh --config-name _2_sokoban ...
+            cfg = compose_config(words[4:], config_name=words[3])
+        else:
+            _, _, env, algo, *overrides = words
+            cfg = compose_config([f"env={env}", f"algo={algo}", *overrides])
+        dirs[" ".join(words)] = str(cfg.trainer.default_local_dir)
     main = "runs/sokoban_turn_ppo_tiny_s0"
     same = [cmd for cmd, d in dirs.items() if d == main]
     assert all("trainer.resume=true" in c or "trainer.overwrite=true" in c for c in same), same

@@ -37,6 +37,8 @@ from .turns import (
 )
 
 ADV_ESTIMATOR_REGISTRY = Registry("advantage estimator")
+# the critic each estimator needs (none: GRPO's group baseline; token: V at every response token; turn: V(s_h))
+CRITIC_LEVEL_OF = {"grpo": "none", "token_gae": "token", "bi_level_gae": "token", "turn_gae": "turn"}
 register_adv_est = ADV_ESTIMATOR_REGISTRY.register  # decorator: register an estimator under a name
 get_adv_estimator_fn = ADV_ESTIMATOR_REGISTRY.lookup
 
