@@ -101,8 +101,10 @@ def test_scoring_in_length_sorted_micro_batches_keeps_each_rows_numbers(tmp_path
 
 
 def test_turn_ppo_one_turn_takes_the_sequence_level_update(tmp_path):
+    # the papers' trust region (turn-mean, no token band): one turn per episode is sequence-level PPO
     cfg = micro_config(["algo=turn_ppo", "agent_proxy.max_turn=1", "ppo_mini_batch_size=4",
-                        "micro_batch_size_per_gpu=4"], run_dir=tmp_path)
+                        "micro_batch_size_per_gpu=4", "actor_rollout_ref.actor.policy_loss.loss_agg_mode=turn-mean",
+                        "actor_rollout_ref.actor.policy_loss.token_band=false"], run_dir=tmp_path)
     tr = build_trainer(cfg, log=_quiet)
     tr.sampler = mixed_policy(tr.tokenizer)
     batch = tr.rollout(0)

@@ -213,9 +213,14 @@ def test_loss_runs_inside_verls_ppo_loss(model_dir):
     td = left_right_2_no_padding(td)
     tu.assign_non_tensor(td, dp_size=1, batch_num_tokens=int(mask.sum()), global_batch_size=4)
     loss, metrics = ppo_loss_with_turn_counts(actor, {"log_probs": log_prob_values}, td)
-    ref, _ = algos.get_policy_loss_fn("turn_ppo")(old, new, adv, mask, None,
-                                                  {"clip_ratio_low": 0.2, "clip_ratio_high": 0.28})
+    # turn_ppo's shipped trust region (config/algo/turn_ppo.yaml) reaches the worker's loss
+    ref, ref_m = algos.get_policy_loss_fn("turn_ppo")(old, new, adv, mask, None, {
+        "clip_ratio_low": 0.2, "clip_ratio_high": 0.28, "loss_agg_mode": "seq-mean-turn-sum-token-norm",
+        "token_band": True})
     assert torch.allclose(loss, ref, atol=1e-6)
+    # the loss's statistics are aggregated as pg_loss is (summed micro-batch shares)
+    assert metrics["actor/live_frac"].aggregation == metrics["actor/pg_loss"].aggregation
+    assert metrics["actor/live_frac"].aggregate() == pytest.approx(ref_m["actor/live_frac"])
     assert "batch_num_turns" not in actor.global_batch_info  # taken out again before verl's entropy/KL agg_loss
 
     # entropy bonus and KL on: verl's ppo_loss aggregates both after our loss, with its own normalisers

@@ -207,10 +207,10 @@ def run_local(cfg, verl_out, path: Path):
     grads = {}
     step = t._optimizer_step
 
-    def record(model, optim, grad_clip):
+    def record(model, optim, grad_clip, *scale):
         name = "critic" if model is t.critic else "actor"
         grads[name] = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
-        return step(model, optim, grad_clip)
+        return step(model, optim, grad_clip, *scale)
 
     t._optimizer_step = record
     control = all_token_critic_grads(t, full) if cfg.critic.level == "turn" else None

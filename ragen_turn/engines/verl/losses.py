@@ -36,7 +36,9 @@ def ppo_loss_with_turn_counts(config, model_output, data, dp_group=None):
     if isinstance(pg, Metric):
         for key, val in list(metrics.items()):
             if key in LOSS_STATISTICS and isinstance(val, Metric) and val.aggregation != pg.aggregation:
-                metrics[key] = Metric(aggregation=pg.aggregation, value=list(val.values))
+                summed = Metric(aggregation=pg.aggregation)
+                summed.extend(list(val.values))
+                metrics[key] = summed
     return loss, metrics
 
 
