@@ -48,10 +48,14 @@ def shortened(cmd: str, runs: Path) -> list[str]:
 
 
 def compose_hydra_excludes() -> list[str]:
-    import yaml
+    """The run name's excluded keys as config/base.yaml resolves them (``${ragen_quiet_keys:[...]}`` adds RAGEN's
+    keys that change nothing here)."""
+    from omegaconf import OmegaConf
 
-    base = yaml.safe_load((ROOT / "config" / "base.yaml").read_text())
-    return base["hydra"]["job"]["config"]["override_dirname"]["exclude_keys"]
+    import ragen_turn.train  # noqa: F401  (registers the ragen_quiet_keys resolver)
+
+    node = OmegaConf.load(ROOT / "config" / "base.yaml").hydra.job.config.override_dirname
+    return list(OmegaConf.to_container(node, resolve=True)["exclude_keys"])
 
 
 def main() -> int:
