@@ -33,7 +33,8 @@ def readme_commands(text: str) -> list[str]:
     main = next(ln for ln in setup.splitlines() if "train.sh" in ln).split("#", 1)[0].split("&&")[-1].strip()
     usage = text.split("## Usage", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
     lines = [ln.split("#", 1)[0].strip() for ln in usage.splitlines()]
-    return [main] + [ln for ln in lines if ln]
+    # a line naming a placeholder path (/path/to/...) shows the form of a command with the user's own model
+    return [main] + [ln for ln in lines if ln and "/path/to/" not in ln]
 
 
 def shortened(cmd: str, runs: Path) -> list[str]:
