@@ -9,6 +9,7 @@ the rollout layer only calls ``reset``, ``step``, ``render``, ``close`` and read
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from abc import ABC, abstractmethod
 import numbers
@@ -118,3 +119,14 @@ def coerce_config(cls: Any, config: Any, kwargs: Mapping[str, Any]) -> Any:
     if not isinstance(config, cls):
         raise TypeError(f"config must be a {cls.__name__} or a dict, got {type(config).__name__}")
     return config
+
+
+def config_from(cls: Any, config: Any, kwargs: Mapping[str, Any], copy: bool = False) -> Any:
+    """A dataclass env config from an env's ``__init__(config=None, **kwargs)``: keywords only, a mapping merged
+    with the keywords, or a ``cls`` instance with the keywords replaced (a copy when there are keywords, or always
+    with ``copy``: for envs whose ``reset`` writes into their config)."""
+    if config is None:
+        return cls(**kwargs)
+    if isinstance(config, Mapping):
+        return cls(**{**dict(config), **kwargs})
+    return dataclasses.replace(config, **kwargs) if (kwargs or copy) else config

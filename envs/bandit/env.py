@@ -10,14 +10,13 @@ in that order. The observation texts are RAGEN's.
 """
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import numbers
 from typing import Any, Dict, List, Mapping, Optional
 
 from gymnasium.utils import seeding
 
-from ..base import BaseDiscreteActionEnv, check_seed
+from ..base import BaseDiscreteActionEnv, check_seed, config_from
 from .config import ARM_PAIRS, BanditEnvConfig
 
 # RAGEN's first observation, to the character (its trailing spaces included)
@@ -42,12 +41,7 @@ class BanditEnv(BaseDiscreteActionEnv):
     _built = itertools.count()  # RAGEN's per-process count of envs built: the n-th env's seeds are offset by n
 
     def __init__(self, config: BanditEnvConfig | Mapping[str, Any] | None = None, **kwargs: Any) -> None:
-        if config is None:
-            config = BanditEnvConfig(**kwargs)
-        elif isinstance(config, Mapping):
-            config = BanditEnvConfig(**{**dict(config), **kwargs})
-        else:  # a copy: reset writes the drawn names into config.action_lookup
-            config = dataclasses.replace(config, **kwargs)
+        config = config_from(BanditEnvConfig, config, kwargs, copy=True)  # a copy: reset writes into it
         super().__init__(config)
         self.config: BanditEnvConfig = config
         n = next(BanditEnv._built)

@@ -7,12 +7,11 @@ generated from the seed (``train_path`` reads RAGEN's file instead, with RAGEN's
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Dict, List, Mapping, Optional
 
 import numpy as np
 
-from ..base import BaseLanguageBasedEnv, check_seed
+from ..base import BaseLanguageBasedEnv, check_seed, config_from
 from .arith import equals_target, has_plus_minus_solution, plus_minus_equation, uses_numbers
 from .config import CountdownEnvConfig
 
@@ -53,12 +52,7 @@ class CountdownEnv(BaseLanguageBasedEnv):
     ``config.format_penalty``."""
 
     def __init__(self, config: CountdownEnvConfig | Mapping[str, Any] | None = None, **kwargs: Any) -> None:
-        if config is None:
-            config = CountdownEnvConfig(**kwargs)
-        elif isinstance(config, Mapping):
-            config = CountdownEnvConfig(**{**dict(config), **kwargs})
-        elif kwargs:
-            config = dataclasses.replace(config, **kwargs)
+        config = config_from(CountdownEnvConfig, config, kwargs)
         super().__init__(config)
         self.config: CountdownEnvConfig = config
         self.data = load_problems(config.train_path, config.max_instances) if config.train_path else None

@@ -8,7 +8,6 @@ RAGEN's observation text. Reward 1 on reaching the goal, 0 otherwise; the episod
 from __future__ import annotations
 
 import copy as _copy
-import dataclasses
 import numbers
 from collections import deque
 from typing import Any, Dict, List, Mapping, Optional, Tuple
@@ -17,7 +16,7 @@ import numpy as np
 from gymnasium.envs.toy_text.frozen_lake import FrozenLakeEnv as GymFrozenLake
 from gymnasium.utils import seeding
 
-from ..base import BaseDiscreteActionEnv, check_seed
+from ..base import BaseDiscreteActionEnv, check_seed, config_from
 from .config import FrozenLakeEnvConfig
 
 GYM_MOVES = {0: (0, -1), 1: (1, 0), 2: (0, 1), 3: (-1, 0)}  # gymnasium's left, down, right, up as (drow, dcol)
@@ -73,12 +72,7 @@ class FrozenLakeEnv(BaseDiscreteActionEnv):
     INVALID_ACTION = 0
 
     def __init__(self, config: FrozenLakeEnvConfig | Mapping[str, Any] | None = None, **kwargs: Any) -> None:
-        if config is None:
-            config = FrozenLakeEnvConfig(**kwargs)
-        elif isinstance(config, Mapping):
-            config = FrozenLakeEnvConfig(**{**dict(config), **kwargs})
-        else:  # a copy: reset writes map_seed into it
-            config = dataclasses.replace(config, **kwargs)
+        config = config_from(FrozenLakeEnvConfig, config, kwargs, copy=True)  # a copy: reset writes into it
         super().__init__(config)
         self.config: FrozenLakeEnvConfig = config
         self.GRID_LOOKUP = dict(config.grid_lookup)

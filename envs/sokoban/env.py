@@ -2,13 +2,12 @@
 from __future__ import annotations
 
 import copy as _copy
-import dataclasses
 import numbers
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
-from ..base import BaseDiscreteActionEnv, check_seed
+from ..base import BaseDiscreteActionEnv, check_seed, config_from
 from .config import SokobanEnvConfig
 from .generation import generate_flat, normalize_seed
 from .room import (
@@ -64,12 +63,7 @@ class SokobanEnv(BaseDiscreteActionEnv):
     INSTRUCTION: str = build_instruction(SokobanEnvConfig())
 
     def __init__(self, config: SokobanEnvConfig | Mapping[str, Any] | None = None, **kwargs: Any) -> None:
-        if config is None:
-            config = SokobanEnvConfig(**kwargs)
-        elif isinstance(config, Mapping):
-            config = SokobanEnvConfig(**{**dict(config), **kwargs})
-        elif kwargs:
-            config = dataclasses.replace(config, **kwargs)
+        config = config_from(SokobanEnvConfig, config, kwargs)
         super().__init__(config)
         self.config: SokobanEnvConfig = config
         self.GRID_LOOKUP = dict(config.grid_lookup)
