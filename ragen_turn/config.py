@@ -312,15 +312,17 @@ def env_config_lines(cfg: DictConfig) -> List[str]:
             default = REGISTERED_ENV_CONFIGS[spec.env_type]()
         except Exception:  # the checks before this report a config that does not build
             continue
-        if dataclasses.is_dataclass(made):
-            fields = [f.name for f in dataclasses.fields(made) if hasattr(made, f.name)]
-            keys = [*given, *(f for f in fields if f not in given)]
-            diff = {k: getattr(made, k, given.get(k)) for k in keys
-                    if k in given or not hasattr(default, k) or getattr(made, k) != getattr(default, k)}
+        if dataclasses.is_dataclass(made):  # as the instance holds them; a key its __post_init__ consumed (RAGEN's
+            held = vars(made)                 # Sokoban turns dim_x, dim_y into dim_room and deletes them) is marked
+            fields = [f.name for f in dataclasses.fields(made) if f.name in held]
+            shown_items = [f"{k}={held[k]!r}" if k in held else f"{k}={given[k]!r} (read by its __post_init__)"
+                           for k in given]
+            shown_items += [f"{k}={held[k]!r}" for k in fields if k not in given
+                            and (not hasattr(default, k) or held[k] != getattr(default, k))]
         else:
-            diff = given
+            shown_items = [f"{k}={v!r}" for k, v in given.items()]
         cls = get_env_class(spec.env_type)
-        shown = ", ".join(f"{k}={v!r}" for k, v in diff.items()) or "its defaults"
+        shown = ", ".join(shown_items) or "its defaults"
         out.append(f"[ragen_turn] env {tag}: {cls.__module__}.{cls.__name__} with "
                    f"{type(made).__name__}({shown})")
     return out

@@ -8,6 +8,7 @@ None, the outcome). Values are chosen to fit the micro test config (a batch of 2
 """
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -344,30 +345,24 @@ def test_named_runs_pick_the_algo_from_ragens_estimator(overrides, algo, adv):
     assert (cfg.algo.name, cfg.algorithm.adv_estimator) == (algo, adv)
 
 
-def test_named_configs_for_envs_not_shipped_say_what_is_missing():
-    from ragen_turn.envs import REGISTERED_ENVS
+def test_named_configs_compose_for_each_ragen_env():
+    from ragen_turn.config import validate_config
 
     for name, env in (("_1_bandit", "bandit"), ("_3_frozen_lake", "frozen_lake"), ("_4_countdown", "countdown")):
-        if (ROOT / "config" / "env" / f"{env}.yaml").is_file() or env in REGISTERED_ENVS:  # shipped by now
-            from ragen_turn.config import validate_config
-
-            cfg = compose_config_named(["trainer.default_local_dir=/tmp/x"], name)
-            validate_config(cfg)
-            assert cfg.env.name == env and cfg.algo.name == "token_ppo"
-            assert cfg.agent_proxy.max_turn == (5 if env == "frozen_lake" else 1)
-            continue
-        with pytest.raises(ValueError) as e:
-            compose_config_named([], name)
-        msg = str(e.value)
-        assert f"env={env}" in msg and f"config/env/{env}.yaml" in msg and "_2_sokoban" in msg
+        cfg = compose_config_named(["trainer.default_local_dir=/tmp/x"], name)
+        validate_config(cfg)
+        assert cfg.env.name == env and cfg.algo.name == "token_ppo"
+        assert cfg.agent_proxy.max_turn == (5 if env == "frozen_lake" else 1)
     with pytest.raises(ValueError) as e:
         compose_config_named([], "_9_nothing")
     assert "available:" in str(e.value) and "_2_sokoban" in str(e.value) and "base" in str(e.value)
 
 
-def test_train_sh_config_name_2_sokoban_trains(tmp_path):
+@pytest.mark.parametrize("name,tag", [("_2_sokoban", "CoordSokoban"), ("_1_bandit", "Bandit"),
+                                      ("_3_frozen_lake", "FrozenLake"), ("_4_countdown", "Countdown")])
+def test_train_sh_config_name_trains(tmp_path, name, tag):
     run = tmp_path / "run"
-    res = subprocess.run(["bash", "train.sh", "--config-name", "_2_sokoban", "model.warmstart.enable=false",
+    res = subprocess.run(["bash", "train.sh", "--config-name", name, "model.warmstart.enable=false",
                           "model.hidden_size=32", "model.num_hidden_layers=1", "model.num_attention_heads=2",
                           "model.num_key_value_heads=1", "model.intermediate_size=64", "trainer.total_training_steps=1",
                           "es_manager.train.env_groups=2", "es_manager.train.group_size=2", "ppo_mini_batch_size=4",
@@ -377,9 +372,13 @@ def test_train_sh_config_name_2_sokoban_trains(tmp_path):
                          cwd=ROOT, env={**os.environ, "PYTHON": sys.executable}, capture_output=True, text=True,
                          timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]
-    assert "algo=token_ppo" in res.stdout and "env CoordSokoban" in res.stdout
+    assert "algo=token_ppo" in res.stdout and f"env {tag}" in res.stdout
     cfg = OmegaConf.load(run / "config.yaml")
-    assert list(cfg.es_manager.train.env_configs.tags) == ["CoordSokoban"] and cfg.agent_proxy.enable_think
+    assert list(cfg.es_manager.train.env_configs.tags) == [tag] and cfg.agent_proxy.enable_think
+    assert [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()][-1] == 1
+
+
+def test_train_sh_unknown_config_name_lists_the_named_configs():
     bad = subprocess.run(["bash", "train.sh", "--config-name", "_7_nothing"], cwd=ROOT,
                          env={**os.environ, "PYTHON": sys.executable}, capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "available: _1_bandit" in bad.stderr
@@ -459,3 +458,48 @@ def test_warm_start_key_reads_a_ragen_entry():
     spec = _demo_env_spec(OmegaConf.create({"env_type": "x", "env_config": None, "max_workers": 32,
                                             "parallel_friendly": False, "max_tokens": 100}))
     assert spec == {"env_type": "x", "env_config": None, "max_tokens": 100}
+
+
+def test_env_log_line_names_keys_a_config_consumes(tmp_path):
+    """A config class whose __post_init__ folds keys into another field and deletes them (RAGEN's SokobanEnvConfig
+    does so with dim_x, dim_y) is logged with the entry's values, marked, and the field they made; not as None."""
+    from dataclasses import dataclass
+    from typing import Optional, Tuple
+
+    import ragen_style_envs as rs
+    from ragen_turn.config import env_config_lines
+    from ragen_turn.envs import register_env
+
+    @dataclass
+    class FoldingConfig:
+        size: Tuple[int, int] = (4, 4)
+        w: Optional[int] = None
+        h: Optional[int] = None
+        action_lookup: Optional[dict] = None
+
+        def __post_init__(self):
+            if self.w is not None and self.h is not None:
+                self.size = (self.w, self.h)
+                delattr(self, "w")
+                delattr(self, "h")
+
+    register_env("folding_corridor", rs.CorridorEnv, FoldingConfig)
+    sp = _group_file(tmp_path, "fold", "Folded", "folding_corridor", "      w: 7\n      h: 3")
+    cfg = micro_config(["env=fold", "env_module=ragen_style_envs", sp])
+    (line,) = [x for x in env_config_lines(cfg) if "Folded" in x]
+    assert "w=7 (read by its __post_init__), h=3 (read by its __post_init__)" in line
+    assert "size=(7, 3)" in line and "None" not in line
+
+
+def test_env_instruction_empty_string_is_no_rules_null_is_the_envs_own():
+    """RAGEN's Bandit entry says env_instruction: "" (RAGEN's prompt then has no rules text); null keeps the env's."""
+    from ragen_turn.envs import make_env
+    from ragen_turn.rollout import EnvSlot
+
+    env = make_env("bandit")
+    assert env.instruction
+    assert EnvSlot.of("Bandit", {"env_instruction": ""}, env, 0).instruction == ""
+    assert EnvSlot.of("Bandit", {"env_instruction": None}, env, 0).instruction == env.instruction
+    assert EnvSlot.of("Bandit", {}, env, 3, seed=5).instruction == env.instruction
+    slot = EnvSlot.of("B", {"env_instruction": "Pull.", "max_actions_per_traj": 1}, env, 3, seed=5)
+    assert (slot.instruction, slot.max_actions, slot.group_id, slot.seed) == ("Pull.", 1, 3, 5)

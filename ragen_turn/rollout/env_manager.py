@@ -31,6 +31,16 @@ class EnvSlot:
     max_actions: int
     seed: int = 0
 
+    @classmethod
+    def of(cls, tag: str, spec: Any, env: Any, group_id: int, seed: int = 0) -> "EnvSlot":
+        """The slot for one env of ``custom_envs.<tag>`` (``spec``). Its instruction is the entry's
+        ``env_instruction``: ``null`` (or absent) = the env's own rules text (``env.instruction``), a string = that
+        string, ``""`` included (RAGEN's Bandit entry: no rules in the system prompt, as in RAGEN)."""
+        given = spec.get("env_instruction")
+        instruction = getattr(env, "instruction", "") if given is None else given
+        return cls(env=env, tag=tag, group_id=int(group_id), instruction=str(instruction),
+                   max_actions=int(spec.get("max_actions_per_traj") or 10**9), seed=int(seed))
+
 
 def _plain(x: Any) -> Any:
     """OmegaConf containers -> plain python (lists for tuples are fine for env configs)."""
@@ -98,9 +108,7 @@ class EnvGroupManager:
                     env = make_env(spec["env_type"], dict(spec.get("env_config") or {})) if build_envs else None
                     if hasattr(env, "set_slot"):  # an env whose episodes depend on its place (RAGEN's Bandit)
                         env.set_slot(len(self.slots))
-                    instruction = spec.get("env_instruction") or getattr(env, "instruction", "")
-                    self.slots.append(EnvSlot(env=env, tag=tag, group_id=gid, instruction=str(instruction),
-                                              max_actions=int(spec.get("max_actions_per_traj") or 10**9)))
+                    self.slots.append(EnvSlot.of(tag, spec, env, gid))
                 gid += 1
 
     def __len__(self) -> int:

@@ -249,9 +249,7 @@ class RagenEnvAgentLoop(AgentLoopBase):
         spec = self.env_specs[tag]
         env = ENV_POOL.take(tag, spec)
         try:
-            instruction = spec.get("env_instruction") or getattr(env, "instruction", "")
-            slot = EnvSlot(env=env, tag=tag, group_id=int(group_id), instruction=str(instruction),
-                           max_actions=int(spec.get("max_actions_per_traj") or 10**9), seed=int(seed))
+            slot = EnvSlot.of(tag, spec, env, group_id, seed)
             return run_episodes([slot], policy, self.formatter, self.ctx)[0]
         finally:
             ENV_POOL.give(tag, env)
