@@ -1,6 +1,6 @@
 """The verl engine on CPU: registries and adapters, turn critic, config mapping, agent-loop layout.
 
-Needs verl 0.9.1 (``pip install -e '.[gpu]'``, or verl with the CPU torch in CI); skipped without it,
+Needs verl 0.9.1 (``pip install -e '.[verl]'`` on CPU, as CI does; ``'.[gpu]'`` on GPUs); skipped without it,
 except the two checks that ``import ragen_turn`` never needs verl. Nothing here starts Ray, vLLM or
 a GPU: the trainer's ``fit`` is not run (see docs/verl.md).
 """
@@ -20,7 +20,7 @@ from bad_configs import VERL_CASES
 from helpers import micro_config
 
 HAVE_VERL = importlib.util.find_spec("verl") is not None
-needs_verl = pytest.mark.skipif(not HAVE_VERL, reason="verl is not installed (pip install -e '.[gpu]')")
+needs_verl = pytest.mark.skipif(not HAVE_VERL, reason="verl is not installed (CPU: pip install -e '.[verl]'; GPUs: '.[gpu]')")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
