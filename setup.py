@@ -22,7 +22,8 @@ PACKAGES = [
 setup(
     name="ragen_turn",
     version="0.1.0",
-    description="Turn-level RL (Turn-PPO, ST-PPO) for multi-turn LLM agents, a RAGEN extension",
+    description="Turn-level RL (Turn-PPO, ST-PPO) for multi-turn LLM agents; a RAGEN-compatible reimplementation",
+    license="Apache-2.0",
     python_requires=">=3.10",
     packages=PACKAGES,
     package_dir={"ragen_turn.envs": "envs", "ragen_turn.envs.sokoban": "envs/sokoban",

@@ -1,6 +1,6 @@
 """Time-to-error of every bad command line in tests/bad_configs.py, through the real command line.
 
-    python benchmarks/bench_bad_configs.py [--out docs/results/bad_configs.md]
+    python benchmarks/bench_bad_configs.py [--out results/bad_configs.md]
 
 Runs ``bash train.sh sokoban turn_ppo <overrides>`` once per case (in a private run dir and model cache, so
 nothing is shared with real runs), plus two run-dir cases (a live run holds the dir; the dir holds a finished

@@ -36,9 +36,9 @@ sys.path.insert(0, str(REPO))
 
 # each setting from its committed warm start (as scripts/compare.sh runs it), dev seeds, seed 1
 SETTINGS = {
-    "long_turns": ["env=sokoban", "+setting=long_turns", "model.pinned_cache=docs/results/long_turns",
+    "long_turns": ["env=sokoban", "+setting=long_turns", "model.pinned_cache=assets/long_turns",
                    "model.warmstart.seed=0"],
-    "long_horizon": ["env=sokoban", "+setting=long_horizon", "model.pinned_cache=docs/results/long_horizon",
+    "long_horizon": ["env=sokoban", "+setting=long_horizon", "model.pinned_cache=assets/long_horizon",
                      "model.warmstart.seed=0"],
     "sokoban": ["env=sokoban"],  # the default job (its committed warm start: config/env_model/sokoban_tiny.yaml)
 }

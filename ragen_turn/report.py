@@ -232,7 +232,7 @@ def _json_value(v: Any) -> Any:
 def keep_runs(runs: Sequence[Run], dest: Path) -> Path:
     """``--keep-runs``: each run's config, provenance (host, versions, starting weights) and its metrics cut to the
     keys the report reads (a few KB a run) into ``dest/<run name>/``, so the report can be rebuilt from ``dest``
-    alone, after the runs themselves are gone (``docs/results/<setting>/runs/`` is committed; a later sweep's runs
+    alone, after the runs themselves are gone (``results/<setting>/runs/`` is committed; a later sweep's runs
     are added beside them)."""
     import shutil
 

@@ -1,20 +1,20 @@
 #!/usr/bin/env bash
-# The algorithm comparison on one setting (docs/results/<setting>.md): ALGOS x SEEDS runs of config/sweep/compare.yaml
+# The algorithm comparison on one setting (results/<setting>.md): ALGOS x SEEDS runs of config/sweep/compare.yaml
 # from ONE warm start (built once, first: ragen_turn.warmstart.build), PARALLEL runs at a time on one thread each; every run resumable.
 #
 #   bash scripts/compare.sh <setting> [overrides...]     # a Sokoban setting (config/setting/<setting>.yaml)
 #   bash scripts/compare.sh <env> [overrides...]         # or another env at its defaults (config/env/<env>.yaml)
 #   ALGOS="token_ppo s_ppo st_ppo turn_ppo grpo so_grpo" SEEDS="0 1 2" bash scripts/compare.sh search_qa
 #   flock /work/locks/heavy.lock nice -n 5 bash scripts/compare.sh long_horizon     # on a shared machine
-#   python -m ragen_turn.report docs/results/<setting>/runs runs/compare/sokoban_<setting>_* --out docs/results/<setting> --threshold T --keep-runs
-#   (--keep-runs: the runs' configs and metrics are kept, committed, in docs/results/<setting>/runs: the page survives runs/)
+#   python -m ragen_turn.report results/<setting>/runs runs/compare/sokoban_<setting>_* --out results/<setting> --threshold T --keep-runs
+#   (--keep-runs: the runs' configs and metrics are kept, committed, in results/<setting>/runs: the page survives runs/)
 #
 # Environment: ALGOS (default: the comparison's algorithms that have a config/algo/<name>.yaml), SEEDS
 # ("0 1 2 3 4"), RUNS (instead of ALGOS x SEEDS, a list of algo:seed, e.g. "grpo:3 st_ppo:4": the runs another
 # machine has not made), PARALLEL (2), BUDGET_S (each run's trainer.time_budget_s for this call: a run that spends it
 # evaluates, checkpoints and stops, and the next call resumes it; unset = none), DEADLINE (epoch seconds: each run's
 # budget ends then, and a run with under MIN_RUN_S (120) seconds left is not started: for a machine lent until a time),
-# MPS=1 (runs on one GPU, device=cuda: a CUDA MPS daemon for this call, so the runs share the GPU; docs/results/gpu.md).
+# MPS=1 (runs on one GPU, device=cuda: a CUDA MPS daemon for this call, so the runs share the GPU; results/gpu.md).
 # Every call passes trainer.resume=true, so a killed or budget-stopped run continues from its last checkpoint and a
 # finished one only loads and exits. Runs go to ${RAGEN_TURN_RUNS_DIR:-runs}/compare/; one line per run and call goes
 # to walltimes_<setting>.tsv there:
@@ -53,10 +53,10 @@ LOG=$ROOT/walltimes_$SETTING.tsv
 echo "[compare] $SETTING: algos${ALGOS}; seeds $SEEDS; $PARALLEL at a time; log $LOG"
 
 # the shared warm start, once, before the parallel runs (which then load it; its SFT progress is printed). A warm
-# start committed under docs/results/<setting>/warmstart/<key>/ is used when its key matches (same weights on every
-# machine: an SFT on another CPU ends at other weights); `cp -r ~/.cache/ragen_turn/models/warmstart/<key> docs/results/<setting>/warmstart/`
+# start committed under assets/<setting>/warmstart/<key>/ is used when its key matches (same weights on every
+# machine: an SFT on another CPU ends at other weights); `cp -r ~/.cache/ragen_turn/models/warmstart/<key> assets/<setting>/warmstart/`
 # pins one.
-PINNED=(); [ -d "docs/results/$SETTING/warmstart" ] && PINNED=("model.pinned_cache=docs/results/$SETTING")
+PINNED=(); [ -d "assets/$SETTING/warmstart" ] && PINNED=("model.pinned_cache=assets/$SETTING")
 "$PY" - "${COMMON[@]}" algo=grpo ${PINNED[@]+"${PINNED[@]}"} <<'PYEOF' | sed -u "/^Loading weights/d"
 import sys
 from ragen_turn.config import validate_config

@@ -2,7 +2,7 @@
 # One device call of a comparison (scripts/compare.sh) on a lent GPU machine that has torch + CUDA but no network and no
 # project install: the wheels the project needs beyond torch come along in $WHEELS, are installed into /tmp/site, and the
 # runs go on from the working tree. Resumable: a second call on the same (warm) machine continues what the first left.
-# How long_turns and long_horizon were run (docs/results/gpu.md):
+# How long_turns and long_horizon were run (results/gpu.md):
 #
 #   W=490 HARD=560 PAR=14 SETTING=long_horizon EXTRA="trainer.total_training_steps=30" bash scripts/device_compare.sh
 #

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Many runs side by side on one lent GPU, in one device call (docs/results/gpu.md): the project's wheels beyond torch
+# Many runs side by side on one lent GPU, in one device call (results/gpu.md): the project's wheels beyond torch
 # come along in $WHEELS and go to /tmp/site, as in scripts/device_compare.sh. The runs come from a file, one run's
 # overrides per line (`#` starts a comment). Lines that begin with `warm ` come first, all at once: each builds one
 # warm start (and evaluates it: trainer.total_training_steps=0), so that the runs after them load it from the cache
@@ -7,7 +7,7 @@
 # budget that ends at W seconds from the start (the run then evaluates and checkpoints). A tiny model's base (its copy
 # pretraining) is built on the CPU, one thread per run: on the H100 machine eight builds of copy_pretrain_steps=1000 side
 # by side took about 150 s before any SFT step reached the GPU; give WARM_W room for that. How the 2026-11-27 sweep for
-# the Sokoban default was run (docs/results/sokoban_default.md):
+# the Sokoban default was run (results/sokoban_default.md):
 #
 #   W=480 HARD=560 bash scripts/device_sweep.sh benchmarks/sweeps/sokoban_default_gpu.txt device=cuda
 #

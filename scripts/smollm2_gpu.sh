@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# SmolLM2-135M-Instruct on Sokoban, the four stages of docs/results/smollm2.md, on one GPU with bigger batches:
+# SmolLM2-135M-Instruct on Sokoban, the four stages of results/smollm2.md, on one GPU with bigger batches:
 #   1. the plain instruct model, held-out eval;
 #   2. the SFT warm start (a run of 0 RL steps: its step-0 eval is the SFT stage);
 #   3./4. turn_ppo, then token_ppo, from that warm start: 40 steps of 128 episodes, or less if the wall-clock budget

@@ -381,7 +381,7 @@ def test_runs_of_one_name_with_different_configs_both_count(tmp_path):
 
 
 def test_kept_runs_of_the_results_pages_are_not_gitignored():
-    """`--keep-runs` writes docs/results/<setting>/runs/ to be committed; the top-level runs/ stays ignored."""
+    """`--keep-runs` writes results/<setting>/runs/ to be committed; the top-level runs/ stays ignored."""
     import shutil
     import subprocess
     from pathlib import Path
@@ -393,8 +393,8 @@ def test_kept_runs_of_the_results_pages_are_not_gitignored():
     def ignored(path: str) -> bool:
         return subprocess.run(["git", "check-ignore", "-q", path], cwd=repo).returncode == 0
 
-    kept = sorted(str(p.relative_to(repo)) for p in (repo / "docs" / "results").rglob("runs") if p.is_dir())
-    assert "docs/results/long_turns/warmstart_a/runs" in kept, kept
-    for d in kept + ["docs/results/long_turns/runs"]:
+    kept = sorted(str(p.relative_to(repo)) for p in (repo / "results").rglob("runs") if p.is_dir())
+    assert "results/long_turns/warmstart_a/runs" in kept, kept
+    for d in kept + ["results/long_turns/runs"]:
         assert not ignored(f"{d}/some_run/metrics.jsonl"), d
     assert ignored("runs/some_run/metrics.jsonl")

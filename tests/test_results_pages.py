@@ -1,4 +1,4 @@
-"""Every committed results page (docs/results/**/results.md) whose runs are committed too is what
+"""Every committed results page (results/**/results.md) whose runs are committed too is what
 `python -m ragen_turn.report` makes from those runs today: a page cannot go stale when runs are added or moved."""
 import re
 from pathlib import Path
@@ -8,7 +8,7 @@ import pytest
 from ragen_turn import report
 
 REPO = Path(__file__).resolve().parents[1]
-PAGES = sorted((REPO / "docs" / "results").rglob("results.md"))
+PAGES = sorted((REPO / "results").rglob("results.md"))
 
 
 def _sources(text: str) -> list[str]:
@@ -18,7 +18,7 @@ def _sources(text: str) -> list[str]:
 
 
 def _committed(page: Path) -> bool:
-    return all(s.startswith("docs/") and (REPO / s).is_dir() for s in _sources(page.read_text()))
+    return all(s.startswith("results/") and (REPO / s).is_dir() for s in _sources(page.read_text()))
 
 
 def _comparable(text: str) -> list[str]:
@@ -27,6 +27,13 @@ def _comparable(text: str) -> list[str]:
     estimate (means, IQMs, probabilities of improvement) stays compared."""
     ci = re.compile(r"\[-?[0-9.]+, -?[0-9.]+\]")
     return [ci.sub("[CI]", ln) for ln in text.splitlines() if not ln.startswith(("Plots:", "Plot:")) and ln.strip()]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(REPO)))
+def test_every_results_page_names_committed_runs(page):
+    """A generated page whose runs are not committed cannot be checked or rebuilt: keep the runs (report --keep-runs)
+    or do not keep the page."""
+    assert _committed(page), f"{page.relative_to(REPO)}: its runs {_sources(page.read_text())} are not in results/"
 
 
 @pytest.mark.parametrize("page", [p for p in PAGES if _committed(p)], ids=lambda p: str(p.relative_to(REPO)))
@@ -43,4 +50,4 @@ def test_committed_results_page_is_rebuilt_from_its_kept_runs(page, tmp_path, mo
 def test_the_comparison_pages_are_among_those_checked():
     checked = {str(p.relative_to(REPO)) for p in PAGES if _committed(p)}
     for setting in ("long_horizon", "long_turns"):
-        assert f"docs/results/{setting}/results.md" in checked, checked
+        assert f"results/{setting}/results.md" in checked, checked

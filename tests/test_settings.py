@@ -13,7 +13,7 @@ from ragen_turn.train import compose_config
 from ragen_turn.warmstart import collect_demonstrations, warmstart_key
 
 BASE = ["actor_rollout_ref.rollout.response_length=16"]
-RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"
+ASSETS = Path(__file__).resolve().parents[1] / "assets"
 
 
 @pytest.mark.parametrize("setting", ["long_horizon", "long_turns"])
@@ -41,10 +41,10 @@ def test_long_horizon_is_one_move_per_turn_on_larger_sokoban():
 
 @pytest.mark.parametrize("setting", ["long_horizon", "long_turns"])
 def test_the_committed_warm_start_is_the_one_the_comparison_loads(setting):
-    """docs/results/<setting>/warmstart/ holds exactly one warm start, under the key of the comparison's config
+    """assets/<setting>/warmstart/ holds exactly one warm start, under the key of the comparison's config
     (`scripts/compare.sh <setting>`: `+sweep=compare`), so a change to the setting's warm-start keys cannot leave
     the comparison silently training a new one (or the page describing another)."""
     cfg = compose_config(["env=sokoban", f"+setting={setting}", "+sweep=compare"])
     tok = tiny_tokenizer()
-    committed = sorted(p.name for p in (RESULTS / setting / "warmstart").iterdir())
+    committed = sorted(p.name for p in (ASSETS / setting / "warmstart").iterdir())
     assert committed == [warmstart_key(cfg, tok)]

@@ -91,7 +91,7 @@ def test_sweep_expands_to_distinct_valid_jobs(name):
     jobs = _jobs(*overrides)
     assert len(jobs) == n_jobs
     assert len({tuple(sorted(j)) for j in jobs}) == n_jobs
-    seeds = 5 if name == "compare" else 3  # the comparison of docs/results: 5 seeds per algorithm
+    seeds = 5 if name == "compare" else 3  # the comparison of results/: 5 seeds per algorithm
     assert sorted({j for job in jobs for j in job if j.startswith("seed=")}) == [f"seed={i}" for i in range(seeds)]
     cfgs = _compose_jobs(jobs)
     dirs = set()
