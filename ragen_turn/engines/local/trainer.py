@@ -50,6 +50,7 @@ from ragen_turn.engines.rundir import (
     atomic_write_text,
     crash_point,
     record_config,
+    run_complete,
     take_run_dir,
     writing,
 )
@@ -171,10 +172,11 @@ class StarPOTrainer:
         self.wandb = None
         if cfg.trainer.resume:
             self.load_checkpoint()
-        truncate_metrics(self.metrics_path, self.step, log=log)  # fresh run: fresh log; resumed: lines <= step
-        truncate_metrics(self.out_dir / GENERATIONS_FILE, self.step, log=log)
-        record_config(self.out_dir, OmegaConf.to_yaml(cfg, resolve=True), self.step)  # + configs.jsonl
-        record_provenance(self.out_dir, self.step, self.actor)
+        if not run_complete(self.step, cfg.trainer.total_training_steps):  # a finished run resumed: left as it is
+            truncate_metrics(self.metrics_path, self.step, log=log)  # fresh run: fresh log; resumed: lines <= step
+            truncate_metrics(self.out_dir / GENERATIONS_FILE, self.step, log=log)
+            record_config(self.out_dir, OmegaConf.to_yaml(cfg, resolve=True), self.step)  # + configs.jsonl
+            record_provenance(self.out_dir, self.step, self.actor)
 
     # -------------------------------------------------------------------------------- rollout
     def rollout(self, step: int) -> Trajectory:
@@ -634,9 +636,10 @@ class StarPOTrainer:
     def _fit(self) -> Dict[str, Any]:
         cfg = self.cfg.trainer
         total = cfg.total_training_steps
-        if self.step >= total > 0:  # a finished run resumed: nothing to train
+        if run_complete(self.step, total):  # a finished run resumed: nothing to train (nothing was written)
             text, summary = self.summary(note="run already complete")
-            self.log(text + f"\n  to train on: trainer.total_training_steps=<more than {total}> trainer.resume=true")
+            self.log(text + f"\n  to train on: the same command with trainer.total_training_steps=<more than {total}> "
+                            "trainer.resume=true (the step count is not part of the run's name)")
             return {"step": self.step, "summary": summary}
         self.log(run_header(self.cfg, type(self).__name__, self.step, len(self.train_envs), self.out_dir, self.device))
         last: Dict[str, Any] = {}
