@@ -95,6 +95,9 @@ def evaluate_policy(model, tokenizer, cfg: DictConfig, envs: EnvGroupManager, de
     return episode_metrics(batch, prefix)
 
 
+ROLLOUT_PROGRESS_S = 30.0  # a training rollout's progress line at most this often (none in a shorter rollout)
+
+
 # ------------------------------------------------------------------------------------------------
 class StarPOTrainer:
     """RAGEN's StarPO loop on one device: every algo without a turn critic (grpo, token_ppo, bi_level_gae,
@@ -183,8 +186,11 @@ class StarPOTrainer:
         self.actor.eval()
         self.gen.manual_seed(derived_seed(self.cfg.seed, step, 7))
         slots = self.train_envs.assign_seeds(self.cfg.seed, step)
+        # a rollout that takes long says where it is (turns, episodes still going) every ROLLOUT_PROGRESS_S
+        progress = throttled(lambda line: self.log(line.replace("[rollout]", f"[rollout] step {step + 1}:", 1)),
+                             ROLLOUT_PROGRESS_S)
         try:
-            episodes = run_episodes(slots, self.sampler, self.formatter, self.ctx)
+            episodes = run_episodes(slots, self.sampler, self.formatter, self.ctx, log=progress)
         except NonFiniteSampling as e:
             raise TrainingStopped(f"step {step + 1}: {e}. {self.checkpoint_note()}") from None
         return Trajectory.from_episodes(episodes, self.tokenizer.pad_token_id)
