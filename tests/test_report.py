@@ -471,3 +471,17 @@ def test_plots_have_integer_step_ticks_and_the_interval_plot_marks_every_run(tmp
             assert ticks and all(float(t).is_integer() for t in ticks), (fig, ticks)
     marks = [a for a, k in drawn if k.get("marker") == "|"]
     assert sorted(marks[0][0]) == [0.0, 0.25, 0.5]  # final val success: one mark per run of the group
+
+
+def test_run_control_keys_are_the_run_names_exclusions():
+    """The report's run-control keys are config/base.yaml's run-name exclusions (one list, read from its text)."""
+    from omegaconf import OmegaConf
+
+    import ragen_turn.train  # noqa: F401  (registers ${ragen_quiet_keys:...})
+
+    node = OmegaConf.load(report.BASE_YAML).hydra.job.config.override_dirname
+    resolved = OmegaConf.to_container(node, resolve=True)["exclude_keys"]
+    keys = report.run_control_keys()
+    assert {"trainer.total_training_steps", "logger", "trainer.resume", "trainer.time_budget_s"} <= set(keys)
+    assert keys == resolved[:len(keys)]  # RAGEN's quiet keys follow (held under ragen_keys: never compared)
+    assert report.run_control_keys(report.BASE_YAML.parent / "nope.yaml") == []
