@@ -3,8 +3,8 @@
 Reads ``metrics.jsonl`` and ``config.yaml`` of every run found under the given paths (a run directory,
 a sweep directory such as ``runs/sweep_gamma_lambda``, or ``runs/``), groups the runs by config keys
 (default: by experiment, ``algo.name`` and every config key the runs differ in other than the seed and the
-run-control keys that ``config/base.yaml`` leaves out of run names, such as ``trainer.total_training_steps`` or
-``logger``; the seeds are the runs of a group), and writes
+run-control keys that ``config/base.yaml`` leaves out of run names, such as ``trainer.total_training_steps``
+or ``logger``; the seeds are the runs of a group), and writes
 
 - ``results.md``: one Markdown table row per group, every column defined in a note above the table,
   then one line per run (status, last step, NaN count);
@@ -16,8 +16,8 @@ run-control keys that ``config/base.yaml`` leaves out of run names, such as ``tr
   and a 95% stratified bootstrap CI of the final and best held-out success, steps to the threshold, the collapse
   measure (and RAGEN-2's MI when logged), ``intervals.png``, and the probability that one group's run beats
   another's (``ragen_turn.intervals``). ``--strata KEY`` splits a group's runs into tasks for the bootstrap.
-  A group (from ``--group-by``) whose runs are different experiments, or were set to train different numbers of
-  steps, is warned about and gets no interval estimates.
+  A group (from ``--group-by``) whose runs are different experiments, or were set to train different numbers
+  of steps, is warned about and gets no interval estimates.
 
 ``--keep-runs`` also copies each run's config, its ``provenance.json`` and the metrics the report reads to
 ``<out>/runs/`` (a few KB a run), so a results page can be rebuilt, and added to, once the run directories are gone;
@@ -735,19 +735,20 @@ def improvement_table(groups: Sequence[Tuple[str, List[Run]]], threshold: float,
 
 def run_scores(groups: Sequence[Tuple[str, List[Run]]], threshold: float,
                smooth_window: int = 1) -> Dict[str, Dict[str, List[float]]]:
-    """``{metric title: {group label: every run's finite score}}`` (what :func:`write_interval_plot` draws)."""
+    """``{metric title: {group label: every run's finite score}}`` (drawn by :func:`write_interval_plot`)."""
     out: Dict[str, Dict[str, List[float]]] = {}
     for i, (title, _) in enumerate(INTERVAL_METRICS):
         out[title.format(thr=f"{threshold:g}")] = {
-            label: [v for t in metric_scores(runs, i, threshold, smooth_window)[0] for v in t] for label, runs in groups}
+            label: [v for task in metric_scores(runs, i, threshold, smooth_window)[0] for v in task]
+            for label, runs in groups}
     return out
 
 
 def write_interval_plot(groups: Sequence[Tuple[str, List[Run]]], estimates: Dict[str, Dict[str, Any]],
                         out: Path, name: str = "intervals.png",
                         scores: Optional[Dict[str, Dict[str, List[float]]]] = None) -> str:
-    """One panel per metric: each group's IQM (dot) and 95% CI (bar), and with ``scores`` every run's score (small
-    marks on the group's row, :func:`run_scores`). ImportError without matplotlib."""
+    """One panel per metric: each group's IQM (dot) and 95% CI (bar), and with ``scores`` every run's score
+    (small marks on the group's row, :func:`run_scores`). ImportError without matplotlib."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -805,7 +806,8 @@ def interval_section(groups: Sequence[Tuple[str, List[Run]]], keys: Sequence[str
              interval_table(groups, keys, estimates), ""]
     if plots and estimates:
         try:
-            name = write_interval_plot(groups, estimates, out, scores=run_scores(groups, threshold, smooth_window))
+            scores = run_scores(groups, threshold, smooth_window)
+            name = write_interval_plot(groups, estimates, out, scores=scores)
             lines += [f"Plot: [{name}]({name}) (IQM and CI per group; a mark per run).", ""]
         except ImportError:
             lines += ["Plot: skipped (matplotlib is not installed).", ""]
@@ -828,8 +830,8 @@ BASE_YAML = Path(__file__).resolve().parent.parent / "config" / "base.yaml"
 
 def run_control_keys(base_yaml: Path = BASE_YAML) -> List[str]:
     """The run-control keys: those ``config/base.yaml`` leaves out of the run name
-    (``hydra.job.config.override_dirname.exclude_keys``: the step count, the logger, run dirs, resume, time budget,
-    checkpointing ...), read from its text (one list for both); ``[]`` when the file is not there."""
+    (``hydra.job.config.override_dirname.exclude_keys``: the step count, the logger, run dirs, resume, time
+    budget, checkpointing ...), read from its text (one list for both); ``[]`` when the file is not there."""
     import re
 
     try:
@@ -892,8 +894,8 @@ def default_out(paths: Sequence[str]) -> Path:
 
 def group_keys(runs: Sequence[Run], group_by: Sequence[str], experiments: bool = False) -> List[str]:
     """``group_by`` with ``env.name`` / ``model.name`` in front when the runs differ in them (a Sokoban and a
-    WebShop ``turn_ppo`` run are two groups, not one average); with ``experiments`` (the default grouping), also
-    every other config key the runs of a group differ in (:func:`experiment_differences`): one group per
+    WebShop ``turn_ppo`` run are two groups, not one average); with ``experiments`` (the default grouping),
+    also every other config key the runs of a group differ in (:func:`experiment_differences`): one group per
     experiment, its runs the seeds."""
     keys = list(group_by)
     for k in reversed(SEPARATE_BY):
@@ -945,13 +947,13 @@ def build_report(paths: Sequence[str], out: str | Path | None = None, group_by: 
     for w in duplicate_seed_warnings(groups):
         lines += [f"Warning: {w}.", ""]
     for label, why in mixed.items():
-        lines += [f"Warning: group `{label}` mixes different experiments ({why}): its row averages over them and "
-                  "it gets no interval estimates; group by those keys (--group-by) to compare them.", ""]
+        lines += [f"Warning: group `{label}` mixes different experiments ({why}): its row averages over them "
+                  "and it gets no interval estimates; group by those keys (--group-by) to compare them.", ""]
     lines += [plot_note, ""]
     if intervals:
         same = [(label, rs) for label, rs in groups if label not in mixed]
-        lines += (interval_section(same, keys, threshold, smooth_window, out, plots, strata, reps) if same else
-                  ["## Interval estimates", ""])
+        lines += (interval_section(same, keys, threshold, smooth_window, out, plots, strata, reps)
+                  if same else ["## Interval estimates", ""])
         if mixed:
             lines += ["Not estimated (mixed experiments, see the warnings above): "
                       + ", ".join(f"`{label}`" for label in mixed) + ".", ""]
@@ -969,9 +971,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                              "with --list-jobs: Hydra overrides")
     ap.add_argument("--group-by", default=None,
                     help="comma-separated dotted config keys that label a group, e.g. "
-                         "algo.name,algorithm.gamma,algorithm.lam (env.name and model.name are added when the runs "
-                         "differ in them); default: algo.name and every config key the runs' experiments differ in "
-                         "(not the seed or run-control keys such as trainer.total_training_steps or logger)")
+                         "algo.name,algorithm.gamma,algorithm.lam (env.name and model.name are added when "
+                         "the runs differ in them); default: algo.name and every config key the runs' "
+                         "experiments differ in (not the seed or run-control keys such as "
+                         "trainer.total_training_steps or logger)")
     ap.add_argument("--threshold", type=float, default=0.5, help="held-out success level for 'steps to' (0.5)")
     ap.add_argument("--smooth", type=int, default=1,
                     help="moving-average window over training steps for the collapse measure and train curves (1)")

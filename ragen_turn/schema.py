@@ -504,8 +504,9 @@ def _inner(tp: Any) -> Any:
 
 
 def did_you_mean(name: str, known: List[str], prefix: str = "") -> str:
-    """``"; did you mean <prefix><closest>?"`` for a mistyped ``name`` among ``known`` (``""`` when none is close):
-    the one suggestion for keys (``algorithm.gama``) and config choices (``env=sokban``, ``algo=turnppo``)."""
+    """``"; did you mean <prefix><closest>?"`` for a mistyped ``name`` among ``known`` (``""`` when none is
+    close): the one suggestion for keys (``algorithm.gama``) and config choices (``env=sokban``,
+    ``algo=turnppo``)."""
     close = difflib.get_close_matches(name, list(known), n=1)
     return f"; did you mean {prefix}{close[0]}?" if close else ""
 

@@ -123,8 +123,8 @@ def prepare_envs(overrides: list[str]) -> None:
 
 
 def group_choices(group: str, dirs: list[Path]) -> list[str]:
-    """The names ``<group>=<name>`` can take: ``<group>/*.yaml`` under ``dirs`` (ours first), and for ``env`` every
-    env registered (``register_env``, an ``env_module=``)."""
+    """The names ``<group>=<name>`` can take: ``<group>/*.yaml`` under ``dirs`` (ours first), and for ``env``
+    every env registered (``register_env``, an ``env_module=``)."""
     names = {p.stem for d in dirs for p in (Path(d) / group).glob("*.yaml")}
     if group == "env":
         from ragen_turn.envs import REGISTERED_ENVS
@@ -367,9 +367,9 @@ def _config_name_arg(argv: list[str]) -> str | None:
 
 
 def prepare_cli() -> None:
-    """Before ``@hydra.main`` composes ``sys.argv``: the config files parse, RAGEN's keys moved aside (``model_path``
-    says what it chose, in one line), ``env_module=`` imported, the config choices (``env=``, ``algo=``, ...) and a
-    ``--config-name`` checked."""
+    """Before ``@hydra.main`` composes ``sys.argv``: the config files parse, RAGEN's keys moved aside
+    (``model_path`` says what it chose, in one line), ``env_module=`` imported, the config choices (``env=``,
+    ``algo=``, ...) and a ``--config-name`` checked."""
     from ragen_turn.ragen_keys import NOTES, algo_for_named_run, move_ragen_overrides
 
     check_config_files(config_dirs(sys.argv[1:]))

@@ -494,9 +494,10 @@ def test_bad_config_fails_before_work_naming_the_key(override, key, tmp_path):
 
 
 def test_unknown_algo_or_env_group_is_a_clear_error():
-    from hydra.errors import MissingConfigException
-    with pytest.raises(MissingConfigException, match="nope"):
+    with pytest.raises(ValueError, match=r"algo=nope: no config/algo/nope.yaml \(algo choices: bi_level_gae, grpo"):
         micro_config(["algo=nope"])
+    with pytest.raises(ValueError, match=r"env=sokobann: .*did you mean env=sokoban\?"):
+        micro_config(["env=sokobann"])
 
 
 def test_nonfinite_updates_are_skipped_then_stop(tmp_path):

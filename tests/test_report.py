@@ -402,7 +402,8 @@ def test_kept_runs_of_the_results_pages_are_not_gitignored():
 
 def _experiment_runs(root, gammas=(0.99,), totals=(4,), seeds=(0, 1), logger=("console",)):
     """turn_ppo runs of the given gammas, step counts and seeds (every run trains its whole length; evals at 0
-    and at the end, success = seed / 4); ``logger`` alternates over the runs (run control: not the experiment)."""
+    and at the end, success = seed / 4); ``logger`` alternates over the runs (run control, not the
+    experiment)."""
     i = 0
     for gamma in gammas:
         for total in totals:
@@ -428,8 +429,8 @@ def test_runs_of_different_step_counts_are_warned_about_and_get_no_intervals(tmp
     killed.write_text("".join(killed.read_text().splitlines(keepends=True)[:8]))  # killed after step 7
     text = report.build_report([str(root)], tmp_path / "out", plots=False, reps=200)
     assert "4 runs in 1 group" in text
-    assert ("Warning: group `turn_ppo` mixes different experiments (trainer.total_training_steps: 2, 20): its row "
-            "averages over them and it gets no interval estimates") in text
+    assert ("Warning: group `turn_ppo` mixes different experiments (trainer.total_training_steps: 2, 20): "
+            "its row averages over them and it gets no interval estimates") in text
     sec = _section(text, "## Interval estimates")
     assert not any(ln.startswith("| `turn_ppo`") for ln in sec)
     assert "Not estimated (mixed experiments, see the warnings above): `turn_ppo`." in sec
@@ -437,7 +438,8 @@ def test_runs_of_different_step_counts_are_warned_about_and_get_no_intervals(tmp
 
 def test_default_groups_are_experiments_and_a_given_grouping_that_mixes_them_is_warned(tmp_path):
     pytest.importorskip("scipy")
-    root = _experiment_runs(tmp_path / "runs", gammas=(0.9, 0.99), seeds=(0, 1, 2), logger=("console", "wandb"))
+    root = _experiment_runs(tmp_path / "runs", gammas=(0.9, 0.99), seeds=(0, 1, 2),
+                            logger=("console", "wandb"))
     text = report.build_report([str(root)], tmp_path / "out", plots=False, reps=200)
     assert "6 runs in 2 groups" in text and "| algo.name, algorithm.gamma | runs |" in text
     assert "mixes different experiments" not in text  # logger, run dirs and seeds are not the experiment
@@ -474,7 +476,8 @@ def test_plots_have_integer_step_ticks_and_the_interval_plot_marks_every_run(tmp
 
 
 def test_run_control_keys_are_the_run_names_exclusions():
-    """The report's run-control keys are config/base.yaml's run-name exclusions (one list, read from its text)."""
+    """The report's run-control keys are config/base.yaml's run-name exclusions (one list, read from its
+    text)."""
     from omegaconf import OmegaConf
 
     import ragen_turn.train  # noqa: F401  (registers ${ragen_quiet_keys:...})

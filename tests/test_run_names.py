@@ -27,7 +27,8 @@ def test_overrides_that_change_the_run_are_in_its_name():
     # run control: the same run, continued or started over, checkpointed or logged differently
     for o in ("trainer.resume=true", "trainer.overwrite=true", "trainer.time_budget_s=60", "trainer.save_freq=5",
               "trainer.test_freq=5", "trainer.keep_checkpoints=1", "wandb.mode=online", "logger=wandb",
-              "trainer.total_training_steps=60", "trainer.resume_from=last_good", "trainer.max_nonfinite_steps=1"):
+              "trainer.total_training_steps=60", "trainer.resume_from=last_good",
+              "trainer.max_nonfinite_steps=1"):
         assert _dir(o) == main, o
     assert _dir("seed=3") == "runs/sokoban_turn_ppo_tiny_s3" and _dir("algo=grpo") == "runs/sokoban_grpo_tiny_s0"
     assert _dir("seed.train=7") == "runs/sokoban_turn_ppo_tiny_s7"  # RAGEN's seed key: in the name as s7 only
@@ -85,20 +86,21 @@ def test_the_hydra_app_names_runs_the_same_way(tmp_path):
 
 
 def _train(runs: Path, *extra: str) -> subprocess.CompletedProcess:
-    """``python -m ragen_turn.train`` (train.sh's command) with the run dir named by the run name under ``runs``."""
-    micro = [*MICRO_MODEL, "es_manager.train.env_groups=2", "es_manager.train.group_size=2", "ppo_mini_batch_size=2",
-             "micro_batch_size_per_gpu=2", "es_manager.val.env_groups=2", "agent_proxy.max_turn=2",
-             "actor_rollout_ref.rollout.response_length=8", "device=cpu"]
+    """``python -m ragen_turn.train`` (train.sh's command), its run dir named by the run name in ``runs``."""
+    micro = [*MICRO_MODEL, "es_manager.train.env_groups=2", "es_manager.train.group_size=2",
+             "ppo_mini_batch_size=2", "micro_batch_size_per_gpu=2", "es_manager.val.env_groups=2",
+             "agent_proxy.max_turn=2", "actor_rollout_ref.rollout.response_length=8", "device=cpu"]
     env = dict(os.environ, RAGEN_TURN_RUNS_DIR=str(runs))
-    out = subprocess.run([sys.executable, "-m", "ragen_turn.train", "env=sokoban", "algo=grpo", *micro, *extra],
-                         cwd=ROOT, env=env, text=True, capture_output=True, timeout=600)
+    cmd = [sys.executable, "-m", "ragen_turn.train", "env=sokoban", "algo=grpo", *micro, *extra]
+    out = subprocess.run(cmd, cwd=ROOT, env=env, text=True, capture_output=True, timeout=600)
     assert out.returncode == 0, (out.stdout + out.stderr)[-1500:]
     return out
 
 
 def test_the_run_already_complete_hint_continues_the_run_it_names(tmp_path):
-    """Follow the hint as printed: a 1-step run, its resume says complete and writes nothing, the hinted command
-    trains step 2 in the same run directory (the step count and the logger are not part of the name)."""
+    """Follow the hint as printed: a 1-step run, its resume says complete and writes nothing, the hinted
+    command trains step 2 in the same run directory (the step count and the logger are not part of the
+    name)."""
     runs = tmp_path / "runs"
     _train(runs, "trainer.total_training_steps=1", "trainer.save_freq=1")
     (run,) = list(runs.iterdir())
@@ -110,7 +112,7 @@ def test_the_run_already_complete_hint_continues_the_run_it_names(tmp_path):
                      r"trainer\.resume=true)", again)
     assert hint, again[-800:]
     after = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in files}
-    assert after == files  # the no-op resume rewrote nothing (config.yaml, configs.jsonl, metrics, checkpoint)
+    assert after == files  # the no-op resume rewrote nothing: config.yaml, configs.jsonl, metrics, ckpts
     _train(runs, *hint.group(1).replace("<more than 1>", "2").split(), "logger=console")
     assert [p.name for p in runs.iterdir()] == [run.name]  # no second run directory
     steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]

@@ -175,8 +175,8 @@ class StarPOTrainer:
         self.wandb = None
         if cfg.trainer.resume:
             self.load_checkpoint()
-        if not run_complete(self.step, cfg.trainer.total_training_steps):  # a finished run resumed: left as it is
-            truncate_metrics(self.metrics_path, self.step, log=log)  # fresh run: fresh log; resumed: lines <= step
+        if not run_complete(self.step, cfg.trainer.total_training_steps):  # a finished run resumed: as it was
+            truncate_metrics(self.metrics_path, self.step, log=log)  # fresh run: fresh log; resumed: <= step
             truncate_metrics(self.out_dir / GENERATIONS_FILE, self.step, log=log)
             record_config(self.out_dir, OmegaConf.to_yaml(cfg, resolve=True), self.step)  # + configs.jsonl
             record_provenance(self.out_dir, self.step, self.actor)
@@ -187,8 +187,8 @@ class StarPOTrainer:
         self.gen.manual_seed(derived_seed(self.cfg.seed, step, 7))
         slots = self.train_envs.assign_seeds(self.cfg.seed, step)
         # a rollout that takes long says where it is (turns, episodes still going) every ROLLOUT_PROGRESS_S
-        progress = throttled(lambda line: self.log(line.replace("[rollout]", f"[rollout] step {step + 1}:", 1)),
-                             ROLLOUT_PROGRESS_S)
+        tag = f"[rollout] step {step + 1}:"
+        progress = throttled(lambda line: self.log(line.replace("[rollout]", tag, 1)), ROLLOUT_PROGRESS_S)
         try:
             episodes = run_episodes(slots, self.sampler, self.formatter, self.ctx, log=progress)
         except NonFiniteSampling as e:
@@ -644,8 +644,9 @@ class StarPOTrainer:
         total = cfg.total_training_steps
         if run_complete(self.step, total):  # a finished run resumed: nothing to train (nothing was written)
             text, summary = self.summary(note="run already complete")
-            self.log(text + f"\n  to train on: the same command with trainer.total_training_steps=<more than {total}> "
-                            "trainer.resume=true (the step count is not part of the run's name)")
+            self.log(text + "\n  to train on: the same command with "
+                            f"trainer.total_training_steps=<more than {total}> trainer.resume=true "
+                            "(the step count is not part of the run's name)")
             return {"step": self.step, "summary": summary}
         self.log(run_header(self.cfg, type(self).__name__, self.step, len(self.train_envs), self.out_dir, self.device))
         last: Dict[str, Any] = {}

@@ -378,10 +378,10 @@ class StarPOTrainer(RayPPOTrainer):
         self._tracker = self._make_tracker()
         self.global_steps = 0
         self._load_checkpoint()
-        if not run_complete(self.global_steps, total):  # a finished run resumed: its files are left as they are
+        if not run_complete(self.global_steps, total):  # a finished run resumed: its files are left alone
             record_config(self.out_dir, OmegaConf.to_yaml(self.rcfg), self.global_steps)  # + configs.jsonl
-            record_provenance(self.out_dir, self.global_steps)  # host and versions (the weights live in the workers)
-            truncate_metrics(self.metrics_path, self.global_steps)  # fresh run: a fresh log; resumed: lines <= step
+            record_provenance(self.out_dir, self.global_steps)  # host and versions (weights: in the workers)
+            truncate_metrics(self.metrics_path, self.global_steps)  # fresh run: a fresh log; resumed: <= step
             truncate_metrics(self.out_dir / GENERATIONS_FILE, self.global_steps)
         self.checkpoint_manager.update_weights(self.global_steps)
         print(run_header(self.rcfg, f"verl {type(self).__name__}", self.global_steps, len(self.train_plan),
