@@ -2,7 +2,9 @@
 
 Reads ``metrics.jsonl`` and ``config.yaml`` of every run found under the given paths (a run directory,
 a sweep directory such as ``runs/sweep_gamma_lambda``, or ``runs/``), groups the runs by config keys
-(default ``algo.name``; the seeds are the runs of a group), and writes
+(default: by experiment, ``algo.name`` and every config key the runs differ in other than the seed and the
+run-control keys that ``config/base.yaml`` leaves out of run names, such as ``trainer.total_training_steps``
+or ``logger``; the seeds are the runs of a group), and writes
 
 - ``results.md``: one Markdown table row per group, every column defined in a note above the table,
   then one line per run (status, last step, NaN count);
@@ -14,6 +16,8 @@ a sweep directory such as ``runs/sweep_gamma_lambda``, or ``runs/``), groups the
   and a 95% stratified bootstrap CI of the final and best held-out success, steps to the threshold, the collapse
   measure (and RAGEN-2's MI when logged), ``intervals.png``, and the probability that one group's run beats
   another's (``ragen_turn.intervals``). ``--strata KEY`` splits a group's runs into tasks for the bootstrap.
+  A group (from ``--group-by``) whose runs are different experiments, or were set to train different numbers
+  of steps, is warned about and gets no interval estimates.
 
 ``--keep-runs`` also copies each run's config, its ``provenance.json`` and the metrics the report reads to
 ``<out>/runs/`` (a few KB a run), so a results page can be rebuilt, and added to, once the run directories are gone;
@@ -562,6 +566,7 @@ def write_plots(groups: Sequence[Tuple[str, List[Run]]], out: Path, smooth_windo
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     figures = {
         "success.png": [(VAL_SUCCESS, "held-out success (val/success)", 1),
@@ -594,6 +599,7 @@ def write_plots(groups: Sequence[Tuple[str, List[Run]]], out: Path, smooth_windo
             if key in (VAL_SUCCESS, TRAIN_SUCCESS):
                 ax.set_ylim(-0.02, 1.02)
             ax.set_xlabel("step")
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
             ax.grid(alpha=0.3)
             if ax.get_legend_handles_labels()[0]:
                 ax.legend(fontsize=7)
@@ -727,9 +733,22 @@ def improvement_table(groups: Sequence[Tuple[str, List[Run]]], threshold: float,
     return "\n".join(lines)
 
 
+def run_scores(groups: Sequence[Tuple[str, List[Run]]], threshold: float,
+               smooth_window: int = 1) -> Dict[str, Dict[str, List[float]]]:
+    """``{metric title: {group label: every run's finite score}}`` (drawn by :func:`write_interval_plot`)."""
+    out: Dict[str, Dict[str, List[float]]] = {}
+    for i, (title, _) in enumerate(INTERVAL_METRICS):
+        out[title.format(thr=f"{threshold:g}")] = {
+            label: [v for task in metric_scores(runs, i, threshold, smooth_window)[0] for v in task]
+            for label, runs in groups}
+    return out
+
+
 def write_interval_plot(groups: Sequence[Tuple[str, List[Run]]], estimates: Dict[str, Dict[str, Any]],
-                        out: Path, name: str = "intervals.png") -> str:
-    """One panel per metric: each group's IQM (dot) and 95% CI (bar). ImportError without matplotlib."""
+                        out: Path, name: str = "intervals.png",
+                        scores: Optional[Dict[str, Dict[str, List[float]]]] = None) -> str:
+    """One panel per metric: each group's IQM (dot) and 95% CI (bar), and with ``scores`` every run's score
+    (small marks on the group's row, :func:`run_scores`). ImportError without matplotlib."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -748,6 +767,11 @@ def write_interval_plot(groups: Sequence[Tuple[str, List[Run]]], estimates: Dict
             if _finite(lo):
                 ax.plot([lo, hi], [i, i], color=color, linewidth=6, alpha=0.45, solid_capstyle="butt")
             ax.plot([point], [i], marker=">" if cen else "o", color=color, markersize=6)
+            runs_at = (scores or {}).get(t, {}).get(label, [])
+            if runs_at:  # every run of the group, spread a little around its row
+                offsets = [0.25 * (k / max(len(runs_at) - 1, 1) - 0.5) for k in range(len(runs_at))]
+                ax.plot(runs_at, [i + o for o in offsets], linestyle="none", marker="|", color=color,
+                        markersize=7, alpha=0.9)
         ax.set_title(f"{t}\n(IQM, 95% CI{'; > = lower bound' if any(v[3] for v in estimates[t].values()) else ''})",
                      fontsize=9)
         ax.grid(axis="x", alpha=0.3)
@@ -782,8 +806,9 @@ def interval_section(groups: Sequence[Tuple[str, List[Run]]], keys: Sequence[str
              interval_table(groups, keys, estimates), ""]
     if plots and estimates:
         try:
-            name = write_interval_plot(groups, estimates, out)
-            lines += [f"Plot: [{name}]({name}).", ""]
+            scores = run_scores(groups, threshold, smooth_window)
+            name = write_interval_plot(groups, estimates, out, scores=scores)
+            lines += [f"Plot: [{name}]({name}) (IQM and CI per group; a mark per run).", ""]
         except ImportError:
             lines += ["Plot: skipped (matplotlib is not installed).", ""]
     if len(groups) > 1:
@@ -795,8 +820,68 @@ def interval_section(groups: Sequence[Tuple[str, List[Run]]], keys: Sequence[str
     return lines
 
 
-# ------------------------------------------------------------------------------------------------ report
+# ------------------------------------------------------------------------------------------------ experiments
+DEFAULT_GROUP_BY = ("algo.name",)
 SEPARATE_BY = ("env.name", "model.name")  # never averaged together: added to the group keys when runs differ in them
+# never part of the experiment: the seed (the runs of a group), where / how a run is logged and recorded
+NOT_EXPERIMENT = ("seed", "ragen_keys", "ragen_aliases", "hydra")
+BASE_YAML = Path(__file__).resolve().parent.parent / "config" / "base.yaml"
+
+
+def run_control_keys(base_yaml: Path = BASE_YAML) -> List[str]:
+    """The run-control keys: those ``config/base.yaml`` leaves out of the run name
+    (``hydra.job.config.override_dirname.exclude_keys``: the step count, the logger, run dirs, resume, time
+    budget, checkpointing ...), read from its text (one list for both); ``[]`` when the file is not there."""
+    import re
+
+    try:
+        text = base_yaml.read_text()
+    except OSError:
+        return []
+    m = re.search(r"exclude_keys:\s*\$\{ragen_quiet_keys:\[(.*?)\]\}", text, re.S)
+    return [k.strip() for k in m.group(1).split(",") if k.strip()] if m else []
+
+
+def _flat(cfg: Any, prefix: str = "") -> Dict[str, Any]:
+    if not isinstance(cfg, dict):
+        return {prefix[:-1]: cfg}
+    out: Dict[str, Any] = {}
+    for k, v in cfg.items():
+        out.update(_flat(v, f"{prefix}{k}."))
+    return out
+
+
+def experiment_differences(runs: Sequence[Run], control: Sequence[str] = ()) -> Dict[str, List[str]]:
+    """``{key: its values}`` for each config key whose value differs between ``runs`` (their experiment: the
+    config without the seed and the run-control keys ``control``, see :func:`run_control_keys`). A key that
+    some run's config lacks (written before the key existed) is not a difference."""
+    skip = tuple(NOT_EXPERIMENT) + tuple(control)
+    flats = [_flat(r.config) for r in runs if r.config]
+    out: Dict[str, List[str]] = {}
+    for key in sorted(set().union(*flats)) if flats else []:
+        if any(key == k or key.startswith(k + ".") for k in skip) or not all(key in f for f in flats):
+            continue
+        values = sorted({json.dumps(f[key], sort_keys=True, default=str) for f in flats})
+        if len(values) > 1:
+            out[key] = values
+    return out
+
+
+def mixed_groups(groups: Sequence[Tuple[str, List[Run]]], control: Sequence[str]) -> Dict[str, str]:
+    """``{group label: why}`` for the groups whose runs are not one experiment run with several seeds: their
+    configs differ beyond the seed and run control, or they were set to train different numbers of steps."""
+    out = {}
+    for label, runs in groups:
+        why = [f"{k}: {', '.join(v)}" for k, v in experiment_differences(runs, control).items()]
+        totals = sorted({r.total_steps for r in runs if r.total_steps is not None})
+        if len(totals) > 1:
+            why.append(f"trainer.total_training_steps: {', '.join(map(str, totals))}")
+        if why:
+            out[label] = "; ".join(why)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ report
 
 
 def default_out(paths: Sequence[str]) -> Path:
@@ -807,28 +892,37 @@ def default_out(paths: Sequence[str]) -> Path:
     return common / "report"
 
 
-def group_keys(runs: Sequence[Run], group_by: Sequence[str]) -> List[str]:
+def group_keys(runs: Sequence[Run], group_by: Sequence[str], experiments: bool = False) -> List[str]:
     """``group_by`` with ``env.name`` / ``model.name`` in front when the runs differ in them (a Sokoban and a
-    WebShop ``turn_ppo`` run are two groups, not one average)."""
+    WebShop ``turn_ppo`` run are two groups, not one average); with ``experiments`` (the default grouping),
+    also every other config key the runs of a group differ in (:func:`experiment_differences`): one group per
+    experiment, its runs the seeds."""
     keys = list(group_by)
     for k in reversed(SEPARATE_BY):
         if k not in keys and len({str(get_key(r.config, k)) for r in runs}) > 1:
             keys.insert(0, k)
+    if experiments:
+        control = run_control_keys()
+        for _, rs in group_runs(runs, keys):
+            keys += [k for k in experiment_differences(rs, control) if k not in keys]
     return keys
 
 
-def build_report(paths: Sequence[str], out: str | Path | None = None, group_by: Sequence[str] = ("algo.name",),
+def build_report(paths: Sequence[str], out: str | Path | None = None, group_by: Sequence[str] | None = None,
                  threshold: float = 0.5, smooth_window: int = 1, plots: bool = True, intervals: bool = True,
                  strata: Sequence[str] = (), reps: int = 10_000, keep: bool = False) -> str:
     """Read the runs under ``paths`` (a run found twice by name counts once: :func:`dedupe_runs`), write
     ``results.md`` (and the PNGs) to ``out`` (default :func:`default_out`) and, with ``keep``, the runs' kept
-    copies to ``out/runs`` (:func:`keep_runs`); return the Markdown."""
+    copies to ``out/runs`` (:func:`keep_runs`); return the Markdown. ``group_by`` None: ``algo.name`` and the
+    keys the runs' experiments differ in (:func:`group_keys`); a group given by ``group_by`` that mixes
+    experiments is warned about and gets no interval estimates (:func:`mixed_groups`)."""
     run_dirs = find_runs(paths)
     if not run_dirs:
         raise FileNotFoundError(f"no runs (directories with metrics.jsonl) under {', '.join(map(str, paths))}")
     runs = dedupe_runs([load_run(d) for d in run_dirs], log=lambda line: print(line, file=sys.stderr))
-    keys = group_keys(runs, group_by)
+    keys = group_keys(runs, DEFAULT_GROUP_BY if group_by is None else group_by, experiments=group_by is None)
     groups = group_runs(runs, keys)
+    mixed = mixed_groups(groups, run_control_keys())
     out = Path(out) if out is not None else default_out(paths)
     out.mkdir(parents=True, exist_ok=True)
     if keep:
@@ -852,9 +946,17 @@ def build_report(paths: Sequence[str], out: str | Path | None = None, group_by: 
     lines += ["", markdown_table(groups, keys, threshold, smooth_window), ""]
     for w in duplicate_seed_warnings(groups):
         lines += [f"Warning: {w}.", ""]
+    for label, why in mixed.items():
+        lines += [f"Warning: group `{label}` mixes different experiments ({why}): its row averages over them "
+                  "and it gets no interval estimates; group by those keys (--group-by) to compare them.", ""]
     lines += [plot_note, ""]
     if intervals:
-        lines += interval_section(groups, keys, threshold, smooth_window, out, plots, strata, reps)
+        same = [(label, rs) for label, rs in groups if label not in mixed]
+        lines += (interval_section(same, keys, threshold, smooth_window, out, plots, strata, reps)
+                  if same else ["## Interval estimates", ""])
+        if mixed:
+            lines += ["Not estimated (mixed experiments, see the warnings above): "
+                      + ", ".join(f"`{label}`" for label in mixed) + ".", ""]
     lines += ["## Runs", "", runs_table(groups), ""]
     text = "\n".join(lines)
     (out / "results.md").write_text(text)
@@ -867,9 +969,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("paths", nargs="*", help="run directories or directories holding runs (searched recursively); "
                                              "with --list-jobs: Hydra overrides")
-    ap.add_argument("--group-by", default="algo.name",
-                    help="comma-separated dotted config keys that label a group (default algo.name; env.name and "
-                         "model.name are added when the runs differ in them), e.g. algo.name,algorithm.gamma,algorithm.lam")
+    ap.add_argument("--group-by", default=None,
+                    help="comma-separated dotted config keys that label a group, e.g. "
+                         "algo.name,algorithm.gamma,algorithm.lam (env.name and model.name are added when "
+                         "the runs differ in them); default: algo.name and every config key the runs' "
+                         "experiments differ in (not the seed or run-control keys such as "
+                         "trainer.total_training_steps or logger)")
     ap.add_argument("--threshold", type=float, default=0.5, help="held-out success level for 'steps to' (0.5)")
     ap.add_argument("--smooth", type=int, default=1,
                     help="moving-average window over training steps for the collapse measure and train curves (1)")
@@ -894,7 +999,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return list_jobs(args.paths, validate=not args.no_check)
     if not args.paths:
         ap.error("give at least one run directory (or a directory of runs)")
-    keys = [k.strip() for k in args.group_by.split(",") if k.strip()]
+    keys = None if args.group_by is None else [k.strip() for k in args.group_by.split(",") if k.strip()]
     out = Path(args.out) if args.out else default_out(args.paths)
     try:
         text = build_report(args.paths, out, keys, args.threshold, max(1, args.smooth), plots=not args.no_plots,

@@ -503,12 +503,19 @@ def _inner(tp: Any) -> Any:
     return tp
 
 
+def did_you_mean(name: str, known: List[str], prefix: str = "") -> str:
+    """``"; did you mean <prefix><closest>?"`` for a mistyped ``name`` among ``known`` (``""`` when none is
+    close): the one suggestion for keys (``algorithm.gama``) and config choices (``env=sokban``,
+    ``algo=turnppo``)."""
+    close = difflib.get_close_matches(name, list(known), n=1)
+    return f"; did you mean {prefix}{close[0]}?" if close else ""
+
+
 def _unknown_key(full_key: str) -> str:
     parent, _, name = full_key.rpartition(".")
     node = _schema_at(parent)
     known = sorted(f.name for f in dataclasses.fields(node)) if node is not None else []
-    close = difflib.get_close_matches(name, known, n=1)
-    hint = f"; did you mean {(parent + '.') if parent else ''}{close[0]}?" if close else ""
+    hint = did_you_mean(name, known, (parent + ".") if parent else "")
     return f"{full_key}: unknown key (the schema, ragen_turn/schema.py, has no such key){hint}"
 
 

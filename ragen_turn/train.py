@@ -122,6 +122,42 @@ def prepare_envs(overrides: list[str]) -> None:
             cs.repo.get("env", {}).pop(f"{name}.yaml", None)
 
 
+def group_choices(group: str, dirs: list[Path]) -> list[str]:
+    """The names ``<group>=<name>`` can take: ``<group>/*.yaml`` under ``dirs`` (ours first), and for ``env``
+    every env registered (``register_env``, an ``env_module=``)."""
+    names = {p.stem for d in dirs for p in (Path(d) / group).glob("*.yaml")}
+    if group == "env":
+        from ragen_turn.envs import REGISTERED_ENVS
+
+        names |= set(REGISTERED_ENVS)
+    return sorted(names)
+
+
+def check_group_choices(overrides: list[str], dirs: list[Path] = ()) -> None:
+    """Every config choice on the command line (``env=sokban``, ``algo=turnppo``, ``+sweep=...``) names a
+    ``config/<group>/<name>.yaml`` (or a registered env); else a ``ValueError`` naming the closest one and the
+    choices (Hydra would print its own list without a suggestion). Sweeps (``algo=grpo,turn_ppo``) are checked
+    value by value; Hydra's functions (``choice(...)``) and interpolations are left to Hydra."""
+    from ragen_turn.ragen_keys import CONFIG_GROUPS
+    from ragen_turn.schema import did_you_mean
+
+    if any(o.lstrip("+").startswith("hydra.searchpath=") and "pkg://" in o for o in overrides):
+        return  # config groups inside a package: Hydra knows them, this check does not
+    dirs = [Path(CONFIG_DIR), *_searchpath_dirs(list(overrides)), *dirs]
+    for o in overrides:
+        key, eq, value = o.partition("=")
+        group = key.lstrip("+")
+        if not eq or group not in CONFIG_GROUPS or re.search(r"[()\[\]${}*]", value):
+            continue
+        known = group_choices(group, dirs)
+        for name in (v.strip().strip("'\"") for v in value.split(",")):
+            if name and name != "null" and name not in known:
+                where = f"config/{group}/{name}.yaml" + (" (nor an env registered by env_module=)"
+                                                         if group == "env" else "")
+                raise ValueError(f"{group}={name}: no {where}{did_you_mean(name, known, group + '=')} "
+                                 f"({group} choices: {', '.join(known)})")
+
+
 def _searchpath_dirs(overrides: list[str]) -> list[Path]:
     """The ``file://`` directories of a ``hydra.searchpath=[...]`` override (where a user keeps config groups of
     their own, e.g. ``env/<name>.yaml`` holding RAGEN ``envs.yaml`` entries)."""
@@ -181,6 +217,7 @@ def compose_with_hydra(overrides: list[str] | None = None, config_name: str = "b
 
     overrides = move_ragen_overrides(algo_for_named_run(list(overrides or []), config_name))
     prepare_envs(overrides)
+    check_group_choices(overrides)
     check_config_name(config_name)
     if GlobalHydra.instance().is_initialized():  # inside a @hydra.main app (e.g. eval re-composing a run)
         return compose(config_name=config_name, overrides=list(overrides or []), return_hydra_config=True)
@@ -330,14 +367,16 @@ def _config_name_arg(argv: list[str]) -> str | None:
 
 
 def prepare_cli() -> None:
-    """Before ``@hydra.main`` composes ``sys.argv``: the config files parse, RAGEN's keys moved aside (``model_path`` says what it chose, in
-    one line), ``env_module=`` imported, a ``--config-name`` checked."""
+    """Before ``@hydra.main`` composes ``sys.argv``: the config files parse, RAGEN's keys moved aside
+    (``model_path`` says what it chose, in one line), ``env_module=`` imported, the config choices (``env=``,
+    ``algo=``, ...) and a ``--config-name`` checked."""
     from ragen_turn.ragen_keys import NOTES, algo_for_named_run, move_ragen_overrides
 
     check_config_files(config_dirs(sys.argv[1:]))
     name = _config_name_arg(sys.argv[1:])
     sys.argv[1:] = move_ragen_overrides(algo_for_named_run(sys.argv[1:], name))
     prepare_envs(sys.argv[1:])
+    check_group_choices(sys.argv[1:], config_dirs(sys.argv[1:]))
     check_config_name(name)
     for line in dict.fromkeys(NOTES):
         print(line)

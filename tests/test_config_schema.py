@@ -232,3 +232,35 @@ def test_the_schema_is_registered_for_compose():
     cfg = compose_config(["actor_rollout_ref.actor.optim.lr=1", "device=cpu"])
     assert isinstance(cfg.actor_rollout_ref.actor.optim.lr, float)
     assert schema.SCHEMA_NAME in (CONFIG / "base.yaml").read_text()
+
+
+@pytest.mark.parametrize("words,says", [
+    (["sokban", "turn_ppo"], "env=sokban: no config/env/sokban.yaml (nor an env registered by env_module=); "
+                             "did you mean env=sokoban?"),
+    (["sokoban", "turnppo"], "algo=turnppo: no config/algo/turnppo.yaml; did you mean algo=turn_ppo?"),
+    (["sokoban", "turn_ppo", "algorithm.gama=0.9"],
+     "algorithm.gama: unknown key (the schema, ragen_turn/schema.py, has no such key); "
+     "did you mean algorithm.gamma?"),
+    (["sokoban", "grpo,turnppo", "--multirun"], "did you mean algo=turn_ppo?"),
+])
+def test_train_sh_names_the_closest_key_or_choice(words, says, tmp_path):
+    """A newcomer's typos in train.sh's env / algo / a key: one 'did you mean' with the right fix (never
+    Hydra's 'Could not find' list or its 'To append to your config use +...')."""
+    res = subprocess.run(["bash", "train.sh", *words, f"trainer.default_local_dir={tmp_path / 'run'}"],
+                         cwd=Path(CONFIG_DIR).parent, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 2 and says in res.stderr, res.stderr[-800:]
+    assert "Could not" not in res.stderr and "To append" not in res.stderr and not (tmp_path / "run").exists()
+
+
+def test_config_choices_are_checked_with_the_same_suggestion():
+    from ragen_turn.train import check_group_choices
+
+    with pytest.raises(ValueError, match=r"model=tinny: no config/model/tinny.yaml; did you mean model=tiny"):
+        compose_config(["model=tinny"])
+    with pytest.raises(ValueError, match=r"sweep=gama_lambda.*did you mean sweep=gamma_lambda\?"):
+        compose_config(["+sweep=gama_lambda"])
+    with pytest.raises(ValueError) as e:  # nothing close: no guess, the choices
+        check_group_choices(["env=zzzzzz"])
+    assert "did you mean" not in str(e.value) and "env choices: bandit, countdown" in str(e.value)
+    check_group_choices(["env=sokoban,bandit", "algo=choice(grpo,turn_ppo)",
+                         "+paper=turnppo_webshop_qwen2.5-3b"])

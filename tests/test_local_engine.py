@@ -494,9 +494,10 @@ def test_bad_config_fails_before_work_naming_the_key(override, key, tmp_path):
 
 
 def test_unknown_algo_or_env_group_is_a_clear_error():
-    from hydra.errors import MissingConfigException
-    with pytest.raises(MissingConfigException, match="nope"):
+    with pytest.raises(ValueError, match=r"algo=nope: no config/algo/nope.yaml \(algo choices: bi_level_gae, grpo"):
         micro_config(["algo=nope"])
+    with pytest.raises(ValueError, match=r"env=sokobann: .*did you mean env=sokoban\?"):
+        micro_config(["env=sokobann"])
 
 
 def test_nonfinite_updates_are_skipped_then_stop(tmp_path):
@@ -827,3 +828,28 @@ def test_step_scale_live_is_an_lr_times_the_live_share(tmp_path):
     ref.update(batch_r)
     for a, b in zip(tr.actor.parameters(), ref.actor.parameters()):
         assert torch.equal(a, b)
+
+
+def test_a_long_training_rollout_says_where_it_is_and_a_short_one_says_nothing(monkeypatch):
+    """A rollout that runs for minutes prints a progress line (turn, episodes still going) at most every
+    ROLLOUT_PROGRESS_S; a quick one prints none. The clock is faked: each reading 31 s later."""
+    from types import SimpleNamespace
+
+    from ragen_turn.engines.local import trainer as local
+    from ragen_turn.rollout import runner
+
+    lines = []
+    t = build_trainer(micro_config(["algo=grpo", "trainer.total_training_steps=1"]), log=lines.append)
+    t.rollout(0)
+    assert not any("[rollout]" in ln for ln in lines), lines
+    clock = [0.0]
+
+    def later():
+        clock[0] += local.ROLLOUT_PROGRESS_S + 1
+        return clock[0]
+
+    monkeypatch.setattr(runner, "time", SimpleNamespace(time=later))
+    batch = t.rollout(0)
+    said = [ln for ln in lines if ln.startswith("[rollout]")]
+    assert said and said[0].startswith("[rollout] step 1: turn 1/2: 4/4 episodes active"), said
+    assert batch.batch_size == 4

@@ -398,3 +398,93 @@ def test_kept_runs_of_the_results_pages_are_not_gitignored():
     for d in kept + ["results/long_turns/runs"]:
         assert not ignored(f"{d}/some_run/metrics.jsonl"), d
     assert ignored("runs/some_run/metrics.jsonl")
+
+
+def _experiment_runs(root, gammas=(0.99,), totals=(4,), seeds=(0, 1), logger=("console",)):
+    """turn_ppo runs of the given gammas, step counts and seeds (every run trains its whole length; evals at 0
+    and at the end, success = seed / 4); ``logger`` alternates over the runs (run control, not the
+    experiment)."""
+    i = 0
+    for gamma in gammas:
+        for total in totals:
+            for seed in seeds:
+                rows = [val_row(0, 0.0, 0.0)] + [train_row(s, 0.5) for s in range(1, total)] + \
+                       [train_row(total, 0.5, success=seed / 4, reward=0.0)]
+                d = write_run(root, f"g{gamma}_t{total}_s{seed}", "turn_ppo", seed, rows, total=total)
+                cfg = yaml.safe_load((d / "config.yaml").read_text())
+                cfg["algorithm"]["gamma"] = gamma
+                cfg["logger"] = logger[i % len(logger)]
+                cfg["trainer"]["default_local_dir"] = str(d)
+                (d / "config.yaml").write_text(yaml.safe_dump(cfg))
+                i += 1
+    return root
+
+
+def test_runs_of_different_step_counts_are_warned_about_and_get_no_intervals(tmp_path):
+    """A newcomer's runs/: a 20-step run, two 2-step runs and a killed 20-step run of one config: one group by
+    the config, but not one experiment for the intervals (final success at step 2 vs 20)."""
+    pytest.importorskip("scipy")
+    root = _experiment_runs(tmp_path / "runs", totals=(2, 20), seeds=(0, 1))
+    killed = root / "g0.99_t20_s1" / "metrics.jsonl"
+    killed.write_text("".join(killed.read_text().splitlines(keepends=True)[:8]))  # killed after step 7
+    text = report.build_report([str(root)], tmp_path / "out", plots=False, reps=200)
+    assert "4 runs in 1 group" in text
+    assert ("Warning: group `turn_ppo` mixes different experiments (trainer.total_training_steps: 2, 20): "
+            "its row averages over them and it gets no interval estimates") in text
+    sec = _section(text, "## Interval estimates")
+    assert not any(ln.startswith("| `turn_ppo`") for ln in sec)
+    assert "Not estimated (mixed experiments, see the warnings above): `turn_ppo`." in sec
+
+
+def test_default_groups_are_experiments_and_a_given_grouping_that_mixes_them_is_warned(tmp_path):
+    pytest.importorskip("scipy")
+    root = _experiment_runs(tmp_path / "runs", gammas=(0.9, 0.99), seeds=(0, 1, 2),
+                            logger=("console", "wandb"))
+    text = report.build_report([str(root)], tmp_path / "out", plots=False, reps=200)
+    assert "6 runs in 2 groups" in text and "| algo.name, algorithm.gamma | runs |" in text
+    assert "mixes different experiments" not in text  # logger, run dirs and seeds are not the experiment
+    rows = [ln for ln in _section(text, "## Interval estimates") if ln.startswith("| `turn_ppo, 0.")]
+    assert [r.split(" | ")[:3] for r in rows[:2]] == [["| `turn_ppo, 0.9`", "3", "0.250 [0.000, 0.500]"],
+                                                  ["| `turn_ppo, 0.99`", "3", "0.250 [0.000, 0.500]"]]
+    mixed = report.build_report([str(root)], tmp_path / "out2", ["algo.name"], plots=False, reps=200)
+    assert "Warning: group `turn_ppo` mixes different experiments (algorithm.gamma: 0.9, 0.99)" in mixed
+    assert not any(ln.startswith("| `turn_ppo`") for ln in _section(mixed, "## Interval estimates"))
+
+
+def test_plots_have_integer_step_ticks_and_the_interval_plot_marks_every_run(tmp_path, monkeypatch):
+    pytest.importorskip("scipy")
+    pytest.importorskip("matplotlib")
+    import matplotlib.axes
+    import matplotlib.pyplot as plt
+
+    figures, drawn = [], []
+    close = plt.close
+    monkeypatch.setattr(plt, "close", lambda fig=None: (figures.append(fig), close(fig)))
+    plot = matplotlib.axes.Axes.plot
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot",
+                        lambda self, *a, **k: (drawn.append((a, k)), plot(self, *a, **k))[1])
+    root = _experiment_runs(tmp_path / "runs", totals=(2,), seeds=(0, 1, 2))
+    text = report.build_report([str(root)], tmp_path / "out", reps=200)
+    assert "[intervals.png](intervals.png)" in text
+    for fig in figures[:-1]:  # the learning curves: steps 0..2
+        for ax in fig.axes:
+            lo, hi = ax.get_xlim()
+            ticks = [t for t in ax.get_xticks() if lo <= t <= hi]
+            assert ticks and all(float(t).is_integer() for t in ticks), (fig, ticks)
+    marks = [a for a, k in drawn if k.get("marker") == "|"]
+    assert sorted(marks[0][0]) == [0.0, 0.25, 0.5]  # final val success: one mark per run of the group
+
+
+def test_run_control_keys_are_the_run_names_exclusions():
+    """The report's run-control keys are config/base.yaml's run-name exclusions (one list, read from its
+    text)."""
+    from omegaconf import OmegaConf
+
+    import ragen_turn.train  # noqa: F401  (registers ${ragen_quiet_keys:...})
+
+    node = OmegaConf.load(report.BASE_YAML).hydra.job.config.override_dirname
+    resolved = OmegaConf.to_container(node, resolve=True)["exclude_keys"]
+    keys = report.run_control_keys()
+    assert {"trainer.total_training_steps", "logger", "trainer.resume", "trainer.time_budget_s"} <= set(keys)
+    assert keys == resolved[:len(keys)]  # RAGEN's quiet keys follow (held under ragen_keys: never compared)
+    assert report.run_control_keys(report.BASE_YAML.parent / "nope.yaml") == []

@@ -2,11 +2,14 @@
 without run-control keys), so the README's usage lines never collide; resume / overwrite / logging keys are not."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
+
+from helpers import MICRO_MODEL
 
 from ragen_turn.train import MAX_SUFFIX, compose_config, run_name_suffix
 
@@ -23,9 +26,10 @@ def test_overrides_that_change_the_run_are_in_its_name():
     assert _dir("algorithm.lam=1.0", "algorithm.gamma=0.95") == main + "_algorithm.gamma=0.95,algorithm.lam=1.0"
     # run control: the same run, continued or started over, checkpointed or logged differently
     for o in ("trainer.resume=true", "trainer.overwrite=true", "trainer.time_budget_s=60", "trainer.save_freq=5",
-              "trainer.test_freq=5", "trainer.keep_checkpoints=1", "wandb.mode=online"):
+              "trainer.test_freq=5", "trainer.keep_checkpoints=1", "wandb.mode=online", "logger=wandb",
+              "trainer.total_training_steps=60", "trainer.resume_from=last_good",
+              "trainer.max_nonfinite_steps=1"):
         assert _dir(o) == main, o
-    assert _dir("logger=wandb") != main  # a run of its own (the README's wandb line after the main run)
     assert _dir("seed=3") == "runs/sokoban_turn_ppo_tiny_s3" and _dir("algo=grpo") == "runs/sokoban_grpo_tiny_s0"
     assert _dir("seed.train=7") == "runs/sokoban_turn_ppo_tiny_s7"  # RAGEN's seed key: in the name as s7 only
 
@@ -79,3 +83,39 @@ def test_the_hydra_app_names_runs_the_same_way(tmp_path):
                          text=True, capture_output=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "DIR runs/sokoban_turn_ppo_tiny_s0_algorithm.gamma=0.95" in out.stdout
+
+
+def _train(runs: Path, *extra: str) -> subprocess.CompletedProcess:
+    """``python -m ragen_turn.train`` (train.sh's command), its run dir named by the run name in ``runs``."""
+    micro = [*MICRO_MODEL, "es_manager.train.env_groups=2", "es_manager.train.group_size=2",
+             "ppo_mini_batch_size=2", "micro_batch_size_per_gpu=2", "es_manager.val.env_groups=2",
+             "agent_proxy.max_turn=2", "actor_rollout_ref.rollout.response_length=8", "device=cpu"]
+    env = dict(os.environ, RAGEN_TURN_RUNS_DIR=str(runs))
+    cmd = [sys.executable, "-m", "ragen_turn.train", "env=sokoban", "algo=grpo", *micro, *extra]
+    out = subprocess.run(cmd, cwd=ROOT, env=env, text=True, capture_output=True, timeout=600)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-1500:]
+    return out
+
+
+def test_the_run_already_complete_hint_continues_the_run_it_names(tmp_path):
+    """Follow the hint as printed: a 1-step run, its resume says complete and writes nothing, the hinted
+    command trains step 2 in the same run directory (the step count and the logger are not part of the
+    name)."""
+    runs = tmp_path / "runs"
+    _train(runs, "trainer.total_training_steps=1", "trainer.save_freq=1")
+    (run,) = list(runs.iterdir())
+    files = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in run.rglob("*")
+             if p.is_file() and "hydra" not in p.relative_to(run).parts and p.name != "run.lock"}
+    again = _train(runs, "trainer.total_training_steps=1", "trainer.resume=true").stdout
+    assert "run already complete" in again
+    hint = re.search(r"to train on: (?:the same command with )?(trainer\.total_training_steps=<more than 1> "
+                     r"trainer\.resume=true)", again)
+    assert hint, again[-800:]
+    after = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in files}
+    assert after == files  # the no-op resume rewrote nothing: config.yaml, configs.jsonl, metrics, ckpts
+    _train(runs, *hint.group(1).replace("<more than 1>", "2").split(), "logger=console")
+    assert [p.name for p in runs.iterdir()] == [run.name]  # no second run directory
+    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [0, 1, 2], steps
+    starts = [json.loads(line)["step"] for line in (run / "configs.jsonl").read_text().splitlines()]
+    assert starts == [0, 1]  # the first start and the resume at step 1, nothing from the no-op resume

@@ -350,6 +350,13 @@ def check_resume_config(cfg, run_dir: PathLike) -> None:
                          "to resume anyway")
 
 
+def run_complete(step: int, total: int) -> bool:
+    """A resumed run that has already trained its ``total`` steps (``total`` 0: a warm-start-only run, never
+    complete): it trains nothing and leaves the run's files as they are (``config.yaml``, ``configs.jsonl``,
+    ``metrics.jsonl``, provenance)."""
+    return int(step) >= int(total) > 0
+
+
 def record_config(out_dir: PathLike, text: str, step: int) -> None:
     """``config.yaml`` = this start's config (resolved); ``configs.jsonl`` keeps one line per start or resume
     (``step`` it starts at, time, config), so the record of the steps before a resume is never lost. A fresh start

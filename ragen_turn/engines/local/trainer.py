@@ -50,6 +50,7 @@ from ragen_turn.engines.rundir import (
     atomic_write_text,
     crash_point,
     record_config,
+    run_complete,
     take_run_dir,
     writing,
 )
@@ -92,6 +93,9 @@ def evaluate_policy(model, tokenizer, cfg: DictConfig, envs: EnvGroupManager, de
     if on_batch is not None:
         on_batch(batch)
     return episode_metrics(batch, prefix)
+
+
+ROLLOUT_PROGRESS_S = 30.0  # a training rollout's progress line at most this often (none in a shorter rollout)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -171,18 +175,22 @@ class StarPOTrainer:
         self.wandb = None
         if cfg.trainer.resume:
             self.load_checkpoint()
-        truncate_metrics(self.metrics_path, self.step, log=log)  # fresh run: fresh log; resumed: lines <= step
-        truncate_metrics(self.out_dir / GENERATIONS_FILE, self.step, log=log)
-        record_config(self.out_dir, OmegaConf.to_yaml(cfg, resolve=True), self.step)  # + configs.jsonl
-        record_provenance(self.out_dir, self.step, self.actor)
+        if not run_complete(self.step, cfg.trainer.total_training_steps):  # a finished run resumed: as it was
+            truncate_metrics(self.metrics_path, self.step, log=log)  # fresh run: fresh log; resumed: <= step
+            truncate_metrics(self.out_dir / GENERATIONS_FILE, self.step, log=log)
+            record_config(self.out_dir, OmegaConf.to_yaml(cfg, resolve=True), self.step)  # + configs.jsonl
+            record_provenance(self.out_dir, self.step, self.actor)
 
     # -------------------------------------------------------------------------------- rollout
     def rollout(self, step: int) -> Trajectory:
         self.actor.eval()
         self.gen.manual_seed(derived_seed(self.cfg.seed, step, 7))
         slots = self.train_envs.assign_seeds(self.cfg.seed, step)
+        # a rollout that takes long says where it is (turns, episodes still going) every ROLLOUT_PROGRESS_S
+        tag = f"[rollout] step {step + 1}:"
+        progress = throttled(lambda line: self.log(line.replace("[rollout]", tag, 1)), ROLLOUT_PROGRESS_S)
         try:
-            episodes = run_episodes(slots, self.sampler, self.formatter, self.ctx)
+            episodes = run_episodes(slots, self.sampler, self.formatter, self.ctx, log=progress)
         except NonFiniteSampling as e:
             raise TrainingStopped(f"step {step + 1}: {e}. {self.checkpoint_note()}") from None
         return Trajectory.from_episodes(episodes, self.tokenizer.pad_token_id)
@@ -634,9 +642,11 @@ class StarPOTrainer:
     def _fit(self) -> Dict[str, Any]:
         cfg = self.cfg.trainer
         total = cfg.total_training_steps
-        if self.step >= total > 0:  # a finished run resumed: nothing to train
+        if run_complete(self.step, total):  # a finished run resumed: nothing to train (nothing was written)
             text, summary = self.summary(note="run already complete")
-            self.log(text + f"\n  to train on: trainer.total_training_steps=<more than {total}> trainer.resume=true")
+            self.log(text + "\n  to train on: the same command with "
+                            f"trainer.total_training_steps=<more than {total}> trainer.resume=true "
+                            "(the step count is not part of the run's name)")
             return {"step": self.step, "summary": summary}
         self.log(run_header(self.cfg, type(self).__name__, self.step, len(self.train_envs), self.out_dir, self.device))
         last: Dict[str, Any] = {}

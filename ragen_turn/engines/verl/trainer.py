@@ -47,7 +47,7 @@ from ragen_turn.config import FilterSpec
 from ragen_turn.engines import checkpoints as ckpt
 from ragen_turn.engines.common import (advantage_metrics, compute_advantages, filter_rows, normalized_turn_rewards,
                                       pad_rows, turn_critic_targets)
-from ragen_turn.engines.rundir import crash_point, record_config, writing
+from ragen_turn.engines.rundir import crash_point, record_config, run_complete, writing
 from ragen_turn.engines.runtime import derived_seed
 from ragen_turn.engines.runlog import (
     GENERATIONS_FILE, append_metrics, episode_metrics, progress_line, record_provenance, run_header, truncate_metrics,
@@ -378,10 +378,11 @@ class StarPOTrainer(RayPPOTrainer):
         self._tracker = self._make_tracker()
         self.global_steps = 0
         self._load_checkpoint()
-        record_config(self.out_dir, OmegaConf.to_yaml(self.rcfg), self.global_steps)  # + configs.jsonl
-        record_provenance(self.out_dir, self.global_steps)  # host and versions (the weights live in the workers)
-        truncate_metrics(self.metrics_path, self.global_steps)  # fresh run: a fresh log; resumed: lines <= its step
-        truncate_metrics(self.out_dir / GENERATIONS_FILE, self.global_steps)
+        if not run_complete(self.global_steps, total):  # a finished run resumed: its files are left alone
+            record_config(self.out_dir, OmegaConf.to_yaml(self.rcfg), self.global_steps)  # + configs.jsonl
+            record_provenance(self.out_dir, self.global_steps)  # host and versions (weights: in the workers)
+            truncate_metrics(self.metrics_path, self.global_steps)  # fresh run: a fresh log; resumed: <= step
+            truncate_metrics(self.out_dir / GENERATIONS_FILE, self.global_steps)
         self.checkpoint_manager.update_weights(self.global_steps)
         print(run_header(self.rcfg, f"verl {type(self).__name__}", self.global_steps, len(self.train_plan),
                          self.out_dir), flush=True)
