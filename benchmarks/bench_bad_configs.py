@@ -73,8 +73,8 @@ def main() -> int:
         print(f"{rows[-1][0]}: exit {code} in {wall:.1f} s", file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="bad_config_") as d:  # a live run holds the dir
         run_dir = Path(d) / "run"
-        holder = subprocess.Popen([args.python or sys.executable, "-c", HOLD, str(run_dir)], stdout=subprocess.PIPE, text=True,
-                                  cwd=ROOT)
+        holder = subprocess.Popen([args.python or sys.executable, "-c", HOLD, str(run_dir)],
+                                  stdout=subprocess.PIPE, text=True, cwd=ROOT)
         holder.stdout.readline()
         code, wall, cpu, left, msg = run_case(["trainer.resume=true"], Path(d), args.python)
         holder.kill()

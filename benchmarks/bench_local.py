@@ -86,8 +86,8 @@ def bench_rollout(trainer, repeats: int) -> None:
 
 
 def base_overrides(a) -> list:
-    out = ["model.warmstart.enable=false", f"device={a.device}", "trainer.default_local_dir=/tmp/ragen_turn_bench_local",
-           "trainer.overwrite=true"]
+    out = ["model.warmstart.enable=false", f"device={a.device}",
+           "trainer.default_local_dir=/tmp/ragen_turn_bench_local", "trainer.overwrite=true"]
     if a.model != "tiny":
         out.append(f"model={a.model}")
     return out + list(a.set)

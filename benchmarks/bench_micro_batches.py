@@ -98,7 +98,8 @@ def main() -> None:
         s = stats["sft/seconds"] / a.sft_steps
         base = base or s
         name = "one forward" if micro == 0 else f"micro {micro:2d} {kind}"
-        print(f"sft       {bs} episodes, {name:16s}: {s:.3f} s/step ({s / base:.2f}x), nll {stats['sft/final_nll']:.5f}")
+        print(f"sft       {bs} episodes, {name:16s}: {s:.3f} s/step ({s / base:.2f}x), "
+              f"nll {stats['sft/final_nll']:.5f}")
 
     tr = build_trainer(cfg, log=lambda *x: None)
     batch = demos.select(torch.arange(n_rl))

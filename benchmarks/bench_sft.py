@@ -36,7 +36,8 @@ def main() -> None:
     cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
     flags = [f for f in ("avx512_bf16", "amx_bf16") if f in cpuinfo]
     print(f"torch {torch.__version__}, {args.threads} threads, cpu bf16 flags: {' '.join(flags) or 'none'}")
-    print(f"{'size':>8} {'params':>8} {'fp32 s/step':>12} {'bf16 s/step':>12} {'ratio':>6} {'fp32 nll':>9} {'bf16 nll':>9}")
+    print(f"{'size':>8} {'params':>8} {'fp32 s/step':>12} {'bf16 s/step':>12} {'ratio':>6} "
+          f"{'fp32 nll':>9} {'bf16 nll':>9}")
     for size in args.sizes:
         hidden, layers = (int(x) for x in size.split("x"))
         cfg = compose_config(["env=sokoban", "model.copy_pretrain_steps=0", f"model.hidden_size={hidden}",

@@ -123,7 +123,8 @@ def main(argv=None) -> int:
         for n in args.sizes:
             r = bench_size(n, args.queries, tmp, gen)
             rows.append(r)
-            print(f"[{r['n']:>6} products, {r['goals']} goals, {r['size_mb']:.1f} MiB JSON] generate {r['t_gen']:.2f}s  "
+            print(f"[{r['n']:>6} products, {r['goals']} goals, {r['size_mb']:.1f} MiB JSON] "
+                  f"generate {r['t_gen']:.2f}s  "
                   f"load {r['t_load']:.2f}s  index build {r['t_index']:.2f}s  index load (cached, mmap) "
                   f"{r['t_index_cached'] * 1e3:.0f} ms", flush=True)
             print(f"    search (top 50): p50 {r['p50']:.3f} ms  p99 {r['p99']:.3f} ms   "

@@ -175,8 +175,8 @@ def crash_index(crash_log: Path, label: str = "actor written", nth: int = 2) -> 
 
 
 def table(rows: Dict[str, Dict]) -> str:
-    head = ("| fault | exit | s to exit | tracebacks on the console | last stderr line | left after 10 s (procs, temp dir) "
-            "| resume = uninterrupted |\n|---|---|---|---|---|---|---|")
+    head = ("| fault | exit | s to exit | tracebacks on the console | last stderr line "
+            "| left after 10 s (procs, temp dir) | resume = uninterrupted |\n|---|---|---|---|---|---|---|")
     out = [head]
     for name, r in rows.items():
         err = (r.get("error") or "").replace("|", "/")[:160]

@@ -62,7 +62,8 @@ DEFAULT_VARIANTS = {
     "turn_ppo@paper+live_step": f"algo=turn_ppo {PAPER} {TURN_MEAN} {A}.step_scale=live",
     "turn_ppo@paper+target_kl": f"algo=turn_ppo {PAPER} {TURN_MEAN} {A}.target_kl=0.02",
     "turn_ppo@paper+paper_agg": f"algo=turn_ppo {PAPER} {PL}.loss_agg_mode=seq-mean-turn-sum-token-norm",
-    "turn_ppo@paper+token_band+live_step": f"algo=turn_ppo {PAPER} {TURN_MEAN} {PL}.token_band=true {A}.step_scale=live",
+    "turn_ppo@paper+token_band+live_step": f"algo=turn_ppo {PAPER} {TURN_MEAN} {PL}.token_band=true "
+                                           f"{A}.step_scale=live",
     "turn_ppo@paper+token_band+sqrt_len": f"algo=turn_ppo {PAPER} {TURN_MEAN} {PL}.token_band=true "
                                           f"{PL}.turn_band=sqrt_len",
     "turn_ppo@paper+token_band+paper_agg": f"algo=turn_ppo {PAPER} {PL}.token_band=true "
@@ -116,8 +117,6 @@ def fresh_rollout(trainer, dev_rooms: int) -> dict:
 
 
 def one_variant(label: str, overrides: list[str], batch0, shared_adv, dev_rooms: int, root: str, quiet: bool):
-    import torch
-
     log = (lambda *a, **k: None) if quiet else print
     t0 = time.time()
     trainer = build(overrides, os.path.join(root, label.replace("/", "_")), log)

@@ -80,7 +80,8 @@ def main(argv=None) -> int:
     ap.add_argument("--ragen-utils", help="RAGEN's ragen/env/sokoban/utils.py")
     ap.add_argument("--ragen-python", default=sys.executable, help="a Python with numpy for RAGEN's side")
     args = ap.parse_args(argv)
-    print(f"{'setting':<22}{'ours mean':>10}{'(se)':>8}{'max':>5}{'RAGEN mean':>12}{'(se)':>8}{'max':>5}{'ours/RAGEN':>12}")
+    print(f"{'setting':<22}{'ours mean':>10}{'(se)':>8}{'max':>5}"
+          f"{'RAGEN mean':>12}{'(se)':>8}{'max':>5}{'ours/RAGEN':>12}")
     for dims, nb, depth in SETTINGS:
         o = ours(dims, nb, depth, args.rooms)
         r = ragens(args.ragen_python, args.ragen_utils, dims, nb, depth, args.rooms) if args.ragen_utils else None

@@ -2,9 +2,10 @@
 deadlock (the solver finds no solution from the episode's last state: a box that can no longer reach a target), and,
 with ``--samples K``, how many rooms the policy solves in at least one of K tries (pass@k).
 
-    python benchmarks/sokoban_failures.py <run dir | checkpoint | model dir> [--samples K] [overrides, e.g. es_manager.val.seeds=dev]
+    python benchmarks/sokoban_failures.py <run dir | checkpoint | model dir> [--samples K] [overrides]
 
-The policy plays every val room once, as ``eval.sh`` does (a run's own settings plus the overrides, at
+The policy plays every val room once, as ``eval.sh`` does (a run's own settings plus the overrides, e.g.
+``es_manager.val.seeds=dev``, at
 ``actor_rollout_ref.rollout.val_temperature``), so its success equals the run's evaluation at that checkpoint. With
 ``--samples K`` it plays each room K times (``es_manager.val.group_size=K``) and prints pass@1 ... pass@K with the
 unbiased estimator of Chen et al. 2021 (``1 - C(n - c, k) / C(n, k)`` for c successes in n tries, averaged over rooms):
@@ -45,7 +46,8 @@ def main(argv: list[str]) -> None:
         argv = argv[:i] + argv[i + 2:]
     quiet_transformers()
     quoted = argv[0].replace("\\", "\\\\").replace("'", "\\'")  # run names hold '=' and ',' (as eval.sh quotes)
-    overrides = [f"+checkpoint='{quoted}'"] + argv[1:] + ([f"es_manager.val.group_size={samples}"] if samples > 1 else [])
+    overrides = ([f"+checkpoint='{quoted}'"] + argv[1:]
+                 + ([f"es_manager.val.group_size={samples}"] if samples > 1 else []))
     cfg = config_for_eval(compose_config(["env=sokoban", "algo=turn_ppo"] + overrides), overrides)
     OmegaConf.resolve(cfg)
     played = []

@@ -35,12 +35,13 @@ def resolve_checkpoint(path: str) -> Path:
         return p / "actor"
     if (p / "config.json").is_file():
         return p
-    raise FileNotFoundError(f"{path!r} is not a checkpoint: expected <run>/checkpoints/latest, <ckpt>/actor/config.json "
-                            "or a Hugging Face model directory")
+    raise FileNotFoundError(f"{path!r} is not a checkpoint: expected <run>/checkpoints/latest, "
+                            "<ckpt>/actor/config.json or a Hugging Face model directory")
 
 
 # env-specific episode metrics, shown when the env reports them (search_qa: success is EM; webshop: score)
-ENV_COLUMNS = [("score", "val/score"), ("F1", "val/f1"), ("searches", "val/searches"), ("retrieval hit", "val/retrieval_hit")]
+ENV_COLUMNS = [("score", "val/score"), ("F1", "val/f1"), ("searches", "val/searches"),
+               ("retrieval hit", "val/retrieval_hit")]
 
 
 def format_table(metrics: dict, title: str) -> str:

@@ -4,8 +4,9 @@ probability of improvement.
 
 Scores come as ``tasks``: a list with one 1-D array per task (stratum), each holding one score per run (seed).
 A comparison on one setting has a single task; a report over several settings can pass one array per setting so
-that the bootstrap resamples the runs of each setting separately (stratified), never mixing them. Scores are finite: a run that never
-reached a threshold is given a censored value by the caller (the report uses a lower bound and says so).
+that the bootstrap resamples the runs of each setting separately (stratified), never mixing them. Scores are
+finite: a run that never reached a threshold is given a censored value by the caller (the report uses a lower
+bound and says so).
 
 - :func:`iqm`: mean of the middle 50% of all runs of all tasks pooled (``scipy.stats.trim_mean`` cutting 25% at each
   end; with 5 runs, the mean of the middle 3).
@@ -25,7 +26,7 @@ tasks, rliable 1.2.0 with pandas 2.3 in a separate venv) the points were identic
 """
 from __future__ import annotations
 
-from typing import Callable, List, Sequence, Tuple
+from typing import Callable, Sequence, Tuple
 
 import numpy as np
 

@@ -981,8 +981,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--out", default=None, help="output directory (default: <the runs' common directory>/report)")
     ap.add_argument("--no-plots", action="store_true", help="write the table only")
     ap.add_argument("--keep-runs", action="store_true",
-                    help="also copy each run's config and metrics (the keys the report reads) to <out>/runs, so the "
-                         "report can be rebuilt from there once the runs are gone; a run found twice by name counts once")
+                    help="also copy each run's config and metrics (the keys the report reads) to <out>/runs, so "
+                         "the report can be rebuilt from there once the runs are gone; a run found twice by name "
+                         "counts once")
     ap.add_argument("--no-intervals", action="store_true", help="leave out the interval estimates (IQM, bootstrap CIs)")
     ap.add_argument("--strata", default="",
                     help="comma-separated config keys that split a group's runs into tasks for the stratified "

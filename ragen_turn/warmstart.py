@@ -188,7 +188,8 @@ def warmstart_key(cfg: DictConfig, tokenizer: Any) -> str:
     model["warmstart"].pop("enable", None)  # whether it runs, not what it trains
     model["warmstart"].pop("micro_batch_size", None)  # memory and speed: the same batch loss in any micro-batches
     # keys at their defaults are left out, so caches made before the key existed keep their keys
-    for k, default in (("lr_schedule", "constant"), ("warmup_steps", 0), ("actions_as_shown", False), ("autocast", None)):
+    for k, default in (("lr_schedule", "constant"), ("warmup_steps", 0), ("actions_as_shown", False),
+                       ("autocast", None)):
         if model["warmstart"].get(k, default) == default:
             model["warmstart"].pop(k, None)
     for k in ("copy_pretrain_steps", "copy_pretrain_max_gap", "copy_pretrain_small_alphabet"):  # as the tiny hash
@@ -211,13 +212,14 @@ def warmstart_key(cfg: DictConfig, tokenizer: Any) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def sft(model: torch.nn.Module, demos: Trajectory, cfg: DictConfig, device: torch.device, log=print) -> Dict[str, float]:
+def sft(model: torch.nn.Module, demos: Trajectory, cfg: DictConfig, device: torch.device,
+        log=print) -> Dict[str, float]:
     """Response-token NLL, AdamW, ``warmstart.steps`` steps of ``warmstart.batch_size`` episodes (each forward and
-    backward in length-sorted micro-batches of ``warmstart.micro_batch_size``: the batch's loss, less padding); the learning rate
-    follows ``warmstart.lr_schedule`` (transformers' ``constant_with_warmup`` or ``cosine``, to 0 at the last step)
-    after ``warmstart.warmup_steps`` of linear warm-up. ``warmstart.autocast: bfloat16`` runs the forward under
-    ``torch.autocast`` (matmuls in bf16, weights, gradients and AdamW in the model's dtype): on a CPU with AVX512-BF16
-    an SFT step of the tiny model takes about 0.6x the float32 time (benchmarks/bench_sft.py)."""
+    backward in length-sorted micro-batches of ``warmstart.micro_batch_size``: the batch's loss, less padding); the
+    learning rate follows ``warmstart.lr_schedule`` (transformers' ``constant_with_warmup`` or ``cosine``, to 0 at
+    the last step) after ``warmstart.warmup_steps`` of linear warm-up. ``warmstart.autocast: bfloat16`` runs the
+    forward under ``torch.autocast`` (matmuls in bf16, weights, gradients and AdamW in the model's dtype): on a CPU
+    with AVX512-BF16 an SFT step of the tiny model takes about 0.6x the float32 time (benchmarks/bench_sft.py)."""
     import contextlib
     import functools
 
@@ -334,7 +336,8 @@ def warmstart_dir(cfg: DictConfig, model_path: str | Path, log=print) -> Path:
 def build(cfg: DictConfig, log=print) -> Path | None:
     """Build (or load) the warm start of a run config once, e.g. before many runs that share it start in parallel
     (``scripts/compare.sh``); its cache directory, or None when the config warm-starts nothing. A committed warm
-    start in ``model.pinned_cache`` (``<folder>/warmstart/<key>/``) is copied into the cache first (models.seed_cache)."""
+    start in ``model.pinned_cache`` (``<folder>/warmstart/<key>/``) is copied into the cache first
+    (models.seed_cache)."""
     from ragen_turn.config import model_config
     from ragen_turn.models import load_model_and_tokenizer
 

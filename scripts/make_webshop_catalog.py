@@ -75,7 +75,8 @@ CATALOG_SPEC: Dict[str, List[Tuple[str, str, List[str], Dict[str, List[str]], Li
          ["Phone Case", "Clear Phone Case", "Wallet Phone Case"],
          {"color": ["black", "clear", "pink", "green"], "style": ["iphone 13", "iphone 14", "galaxy s22"]},
          ["shockproof", "wireless charging", "slim fit", "tempered glass", "card holder"], (6, 35)),
-        ("bluetooth speaker", "Electronics › Portable Audio & Video › Portable Speakers & Docks › Portable Bluetooth Speakers",
+        ("bluetooth speaker",
+         "Electronics › Portable Audio & Video › Portable Speakers & Docks › Portable Bluetooth Speakers",
          ["Bluetooth Speaker", "Portable Speaker", "Waterproof Speaker"],
          {"color": ["black", "blue", "red", "grey"]},
          ["waterproof", "long battery life", "stereo sound", "wireless bluetooth", "built in microphone",
@@ -126,7 +127,8 @@ CATALOG_SPEC: Dict[str, List[Tuple[str, str, List[str], Dict[str, List[str]], Li
          ["fair trade", "usda organic", "medium roast", "dark roast", "single origin", "low acid"], (9, 55)),
         ("dark chocolate", "Grocery & Gourmet Food › Candy & Chocolate › Chocolate Bars",
          ["Dark Chocolate Bar", "Dark Chocolate Squares", "Sea Salt Dark Chocolate"],
-         {"size": ["3 ounce (pack of 4)", "3 ounce (pack of 12)"], "flavor name": ["sea salt", "almond", "orange", "mint"]},
+         {"size": ["3 ounce (pack of 4)", "3 ounce (pack of 12)"],
+          "flavor name": ["sea salt", "almond", "orange", "mint"]},
          ["dairy free", "fair trade", "low sugar", "gluten free", "non gmo"], (6, 40)),
         ("trail mix", "Grocery & Gourmet Food › Snack Foods › Trail Mix",
          ["Trail Mix", "Nut Mix", "Snack Mix Packs"],
@@ -220,7 +222,8 @@ def _opts_phrase(goal_options: Dict[str, str]) -> str:
     return (" in " + " and ".join(parts)) if parts else ""
 
 
-def make_product(rng: random.Random, category: str, spec, used_asins: set, brands: List[str]) -> Tuple[Dict, Dict, List]:
+def make_product(rng: random.Random, category: str, spec, used_asins: set,
+                 brands: List[str]) -> Tuple[Dict, Dict, List]:
     query, breadcrumb, nouns, option_spec, attr_pool, (plo, phi) = spec
     asin = _asin(rng, used_asins)
     brand = rng.choice(brands)

@@ -22,7 +22,8 @@ ROOT = Path(__file__).resolve().parent.parent
 SHORT = {"trainer.total_training_steps": "1", "model.warmstart.steps": "4", "model.warmstart.episodes": "16",
          "model.copy_pretrain_steps": "5",
          "es_manager.train.env_groups": "2", "es_manager.train.group_size": "2", "ppo_mini_batch_size": "4",
-         "es_manager.val.env_groups": "4", "agent_proxy.max_turn": "2", "actor_rollout_ref.rollout.response_length": "8",
+         "es_manager.val.env_groups": "4", "agent_proxy.max_turn": "2",
+         "actor_rollout_ref.rollout.response_length": "8",
          "model.hidden_size": "32", "model.num_hidden_layers": "1", "model.num_attention_heads": "2",
          "model.num_key_value_heads": "1", "model.intermediate_size": "64"}
 

@@ -87,7 +87,8 @@ def test_a_run_on_the_dev_seeds_calls_its_numbers_dev_not_held_out(tmp_path):
                                run_dir=tmp_path), log=lines.append).fit()
     text = "\n".join(lines)
     assert "dev evaluation before RL" in text and "dev success (2 episodes):" in text
-    assert "held-out success" not in text and "held-out evaluation before RL" not in text and "held-out eval " not in text
+    assert "held-out success" not in text and "held-out evaluation before RL" not in text
+    assert "held-out eval " not in text
 
 
 def test_finished_run_ends_with_a_summary_and_a_resume_says_complete(tmp_path):
@@ -162,7 +163,8 @@ def test_eval_sh_reads_a_run_whose_name_holds_overrides(tmp_path):
     # the JSON goes into the run dir, not into the checkpoint (a model directory eval only reads)
     assert (run / "eval" / "sokoban_step_000001.json").is_file()
     assert not list((run / "checkpoints").rglob("eval_*.json"))
-    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == [run.name]  # no run dir named after eval's overrides
+    # no run dir named after eval's overrides
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == [run.name]
     # a plain Hugging Face model dir (e.g. a cached warm start), read-only: the JSON goes under the runs dir, or --out
     hf = tmp_path / "models" / "some_model"
     shutil.copytree(run / "checkpoints" / "step_000001" / "actor", hf)

@@ -284,7 +284,8 @@ def test_token_mask_scores_only_marked_tokens_with_the_same_values_and_gradients
     model.zero_grad(set_to_none=True)
     sel, sel_ent = sequence_logprobs(model, ids, am, temperature=0.7, return_entropy=True, chunk_tokens=3,
                                      token_mask=token_mask)
-    assert torch.allclose(sel, full * token_mask, atol=1e-5) and torch.allclose(sel_ent, full_ent * token_mask, atol=1e-5)
+    assert torch.allclose(sel, full * token_mask, atol=1e-5)
+    assert torch.allclose(sel_ent, full_ent * token_mask, atol=1e-5)
     assert torch.all(sel[~token_mask] == 0)
     (sel.sum() + sel_ent.sum()).backward()
     for p, g in zip(model.parameters(), ref_grads):
@@ -473,7 +474,8 @@ def test_copy_pretraining_is_part_of_the_tiny_build_deterministic_and_keyed(tiny
         tiny_mod.config_hash(tiny_mod.tiny_config({}))
     # the task's knobs at their defaults keep the hash; changed, they key their own build; with no steps, nothing
     h = lambda **kw: tiny_mod.config_hash(tiny_mod.tiny_config(kw))  # noqa: E731
-    assert h(copy_pretrain_steps=5, copy_pretrain_max_gap=30, copy_pretrain_small_alphabet=0.0) == h(copy_pretrain_steps=5)
+    assert (h(copy_pretrain_steps=5, copy_pretrain_max_gap=30, copy_pretrain_small_alphabet=0.0)
+            == h(copy_pretrain_steps=5))
     assert h(copy_pretrain_steps=5, copy_pretrain_max_gap=200) != h(copy_pretrain_steps=5)
     assert h(copy_pretrain_steps=5, copy_pretrain_small_alphabet=0.5) != h(copy_pretrain_steps=5)
     assert h(copy_pretrain_steps=0, copy_pretrain_max_gap=200) == h()

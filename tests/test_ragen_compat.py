@@ -1,4 +1,5 @@
-"""RAGEN compatibility: bring your own env (env_module=), RAGEN-style discrete envs training, the optional warm start."""
+"""RAGEN compatibility: bring your own env (env_module=), RAGEN-style discrete envs training, the optional warm
+start."""
 from __future__ import annotations
 
 import json
@@ -347,8 +348,6 @@ def test_readme_env_example_registers_and_plays(tmp_path, monkeypatch):
 
 # ---------------------------------------------------------------- RAGEN's metrics
 def test_episode_metrics_per_tag_pass_at_k_and_effective_rate():
-    import torch
-
     from ragen_turn.engines.runlog import episode_metrics
     from ragen_turn.rollout import Episode, Trajectory
 

@@ -216,7 +216,8 @@ def test_pass_at_k_and_collapse_columns_appear_when_logged(tmp_path):
                 {**train_row(1, 0.5), "collapse/mi_estimate": mi[0], "collapse/mi_zscore": 2 * mi[0],
                  "collapse/conditional_entropy_est": 1.0},
                 {**train_row(2, 0.5, success=0.5, reward=0.0), "val/pass@4": passk[1],
-                 "collapse/mi_estimate": mi[1], "collapse/mi_zscore": 2 * mi[1], "collapse/conditional_entropy_est": 3.0}]
+                 "collapse/mi_estimate": mi[1], "collapse/mi_zscore": 2 * mi[1],
+                 "collapse/conditional_entropy_est": 3.0}]
         write_run(root, f"sokoban_turn_ppo_tiny_s{seed}", "turn_ppo", seed, rows, total=2)
     text = report.build_report([str(root)], out=tmp_path / "out", plots=False)
     head = next(line for line in text.splitlines() if line.startswith("| algo.name"))

@@ -67,7 +67,8 @@ def _solver_policy(tok, per_turn=5, sep=" || "):
 
 
 def test_scripted_solver_rollout_reaches_success_one():
-    cfg = micro_config(["custom_envs.SimpleSokoban.max_actions_per_traj=100", "agent_proxy.max_turn=10", "actor_rollout_ref.rollout.response_length=16",
+    cfg = micro_config(["custom_envs.SimpleSokoban.max_actions_per_traj=100", "agent_proxy.max_turn=10",
+                        "actor_rollout_ref.rollout.response_length=16",
                         "es_manager.train.env_groups=12", "es_manager.train.group_size=1"])
     tok = tiny_tokenizer()
     from ragen_turn.rollout import context_config

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import TEST_DEVICE, micro_config, tiny_tokenizer
+from helpers import TEST_DEVICE, micro_config
 from ragen_turn.config import FilterSpec, kept_batch_size, kept_group_count
 from ragen_turn.engines.common import filter_rows, kept_rows, pad_rows, select_groups
 

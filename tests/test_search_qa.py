@@ -402,7 +402,8 @@ def test_qa_parquet_loader_plain_and_search_r1_processed(tmp_path):
     pq.write_table(pa.table({"id": ["a", "b"], "question": ["q one?", "q two?"],
                              "golden_answers": [["x", "y"], ["z"]]}), plain)
     items = load_questions(str(plain))
-    assert [(i.qid, i.question, i.golden_answers) for i in items] == [("a", "q one?", ["x", "y"]), ("b", "q two?", ["z"])]
+    assert [(i.qid, i.question, i.golden_answers) for i in items] == [("a", "q one?", ["x", "y"]),
+                                                                       ("b", "q two?", ["z"])]
     processed = tmp_path / "nq_search.parquet"  # Search-R1's scripts/data_process output: target under reward_model
     pq.write_table(pa.table({"question": ["who?"], "prompt": [[{"role": "user", "content": "Answer ... who?"}]],
                              "reward_model": [{"style": "rule", "ground_truth": {"target": ["Evan Morris"]}}]}),

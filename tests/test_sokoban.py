@@ -657,7 +657,8 @@ def _ref_ragen_reverse_play(fixed, player, targets, search_depth):
     finally:
         sys.setrecursionlimit(old)
     st = best["state"]
-    return best["score"], tuple(map(int, np.argwhere(st == 5)[0])), sorted(map(tuple, np.argwhere((st == 3) | (st == 4)).tolist()))
+    boxes = sorted(map(tuple, np.argwhere((st == 3) | (st == 4)).tolist()))
+    return best["score"], tuple(map(int, np.argwhere(st == 5)[0])), boxes
 
 
 @pytest.mark.parametrize("dims,nb,depth", [((6, 6), 1, 300), ((8, 8), 2, 10), ((7, 7), 2, 25)])

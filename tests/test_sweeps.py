@@ -32,7 +32,8 @@ PAPERS = ["turnppo_webshop_qwen2.5-3b", "turnppo_webshop_qwen3-1.7b", "turnppo_w
           "turnppo_sokoban_qwen2.5-3b", "turnppo_sokoban_qwen2.5-7b"]
 STPPO_PAPERS = ["stppo_search_qa_qwen2.5-7b", "stppo_search_qa_qwen2.5-1.5b", "stppo_medqa_qwen2.5-7b"]
 SQA_DATA = ROOT / "envs" / "search_qa" / "data"  # stand-ins for the user's files (the schema checks they exist)
-STPPO_DATA = [f"paper_data.corpus_path={SQA_DATA / 'corpus.jsonl.gz'}", f"paper_data.train_path={SQA_DATA / 'train.jsonl.gz'}",
+STPPO_DATA = [f"paper_data.corpus_path={SQA_DATA / 'corpus.jsonl.gz'}",
+              f"paper_data.train_path={SQA_DATA / 'train.jsonl.gz'}",
               f"paper_data.val_path={SQA_DATA / 'val.jsonl.gz'}"]
 ALGOS = ["grpo", "token_ppo", "bi_level_gae", "turn_ppo", "turn_ppo_geo", "turn_is", "s_ppo", "st_ppo"]
 
@@ -312,7 +313,8 @@ def test_paper_runs_have_distinct_dirs_and_need_a_model_path():
 def test_paper_configs_only_set_existing_keys():
     """Every key the paper files set exists in the config they override (base + groups, engine=verl)."""
     missing = object()
-    bases = {env: compose_config(["engine=verl", f"model.path={MODEL_DIR}", f"env={env}"]) for env in ("sokoban", "search_qa")}
+    bases = {env: compose_config(["engine=verl", f"model.path={MODEL_DIR}", f"env={env}"])
+             for env in ("sokoban", "search_qa")}
 
     def leaves(node, prefix=""):
         for k, v in node.items():

@@ -45,7 +45,8 @@ def test_key_and_seed_pinning():
     assert warmstart_key(micro_config(WS + ["custom_envs.SimpleSokoban.env_config.max_steps=50"]), tok) \
         != warmstart_key(per_seed[0], tok)  # not every env key is left out
     # mixed precision changes the numbers, so the key; off (null) keeps the key it had before the option existed
-    assert warmstart_key(micro_config(WS + ["model.warmstart.autocast=bfloat16"]), tok) != warmstart_key(per_seed[0], tok)
+    assert (warmstart_key(micro_config(WS + ["model.warmstart.autocast=bfloat16"]), tok)
+            != warmstart_key(per_seed[0], tok))
     assert warmstart_key(micro_config(WS + ["model.warmstart.autocast=null"]), tok) == warmstart_key(per_seed[0], tok)
 
 
@@ -230,12 +231,16 @@ def test_actions_as_shown_writes_webshop_ids_as_the_page_shows_them():
     plain = collect_demonstrations(micro_config(off), tok, 4, seed=1)
     shown = collect_demonstrations(micro_config(on), tok, 4, seed=1)
     assert bool(shown.success.all()) and bool(plain.success.all())
-    clicks = lambda demos: [c for e in demos.episodes for t in e.texts for c in re.findall(r"click\[(b0\w{8})\]", t, re.I)]
+
+    def clicks(demos):
+        return [c for e in demos.episodes for t in e.texts for c in re.findall(r"click\[(b0\w{8})\]", t, re.I)]
+
     assert clicks(plain) and all(c == c.lower() for c in clicks(plain))
     assert clicks(shown) and all(c == c.upper() for c in clicks(shown))
     assert [c.lower() for c in clicks(shown)] == clicks(plain)
     assert warmstart_key(micro_config(off), tok) != warmstart_key(micro_config(on), tok)
-    assert warmstart_key(micro_config([]), tok) == warmstart_key(micro_config(["model.warmstart.actions_as_shown=false"]), tok)
+    assert (warmstart_key(micro_config([]), tok)
+            == warmstart_key(micro_config(["model.warmstart.actions_as_shown=false"]), tok))
     with pytest.raises(ValueError, match="actions_as_shown"):
         collect_demonstrations(micro_config(["model.warmstart.actions_as_shown=true"]), tok, 2, seed=1)
 
@@ -258,7 +263,8 @@ def test_build_makes_the_warm_start_once(tmp_path, monkeypatch):
 
 def test_build_copies_a_pinned_warm_start_instead_of_training(tmp_path, monkeypatch):
     """model.pinned_cache=DIR: a committed warm start under DIR/warmstart/<key> is copied into an empty cache and
-    loaded, with no SFT, weights equal to the pinned ones; a DIR without the config's key builds as usual and says so."""
+    loaded, with no SFT, weights equal to the pinned ones; a DIR without the config's key builds as usual and
+    says so."""
     from ragen_turn.warmstart import build
 
     cfg = micro_config(WS + ["model.warmstart.steps=2", "model.warmstart.episodes=4"])
@@ -304,10 +310,12 @@ def test_the_committed_cache_holds_the_default_configs_model_and_warm_start():
     base = pinned / f"tiny-{tiny.config_hash(tiny.tiny_config(model_config(cfg)))}"
     assert (base / "ragen_turn_model.json").is_file(), sorted(p.name for p in pinned.iterdir())
     key = warmstart_key(cfg, AutoTokenizer.from_pretrained(base))
-    assert (pinned / "warmstart" / key / "warmstart.json").is_file(), sorted(p.name for p in (pinned / "warmstart").iterdir())
+    assert (pinned / "warmstart" / key / "warmstart.json").is_file(), \
+        sorted(p.name for p in (pinned / "warmstart").iterdir())
     # the RL settings and the evaluation split are not part of it
     for o in (["model.rl_lr=3e-4", "trainer.total_training_steps=3"], ["es_manager.val.seeds=dev", "seed=0"]):
-        assert warmstart_key(compose_config(["env=sokoban", "algo=turn_ppo"] + o), AutoTokenizer.from_pretrained(base)) == key
+        assert warmstart_key(compose_config(["env=sokoban", "algo=turn_ppo"] + o),
+                             AutoTokenizer.from_pretrained(base)) == key
 
 
 def test_sft_lr_schedule_warms_up_from_zero():

@@ -487,7 +487,8 @@ def test_as_shown_writes_the_label_as_the_page_does_and_is_the_same_action(make)
             assert shown.lower() == action
             if action.startswith("click["):
                 label = shown[len("click["):-1]
-                assert label in env.render().splitlines() or any(l.startswith(label + " ") for l in env.render().splitlines())
+                lines = env.render().splitlines()
+                assert label in lines or any(l.startswith(label + " ") for l in lines)
             if action == f"click[{env.goal['asin'].lower()}]":
                 assert shown == f"click[{env.goal['asin']}]" != action
             if action == "click[buy now]":

@@ -104,7 +104,8 @@ class SearchQAEnvConfig:
         d = dict(d or {})
         unknown = sorted(set(d) - {f.name for f in fields(cls)})
         if unknown:
-            raise ValueError(f"search_qa: unknown config key(s) {unknown}; known: {sorted(f.name for f in fields(cls))}")
+            raise ValueError(f"search_qa: unknown config key(s) {unknown}; "
+                             f"known: {sorted(f.name for f in fields(cls))}")
         return cls(**d)
 
     @property

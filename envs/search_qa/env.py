@@ -215,7 +215,8 @@ class SearchQAEnv(BaseLanguageBasedEnv):
                     plan.append(q)
         elif self.searches == 0:
             plan.append(" ".join(item.question.split())[: self.config.max_query_chars])
-        return [f"<search> {q} </search>" for q in plan[: max(left, 0)]] + [f"<answer> {item.golden_answers[0]} </answer>"]
+        searches = [f"<search> {q} </search>" for q in plan[: max(left, 0)]]
+        return searches + [f"<answer> {item.golden_answers[0]} </answer>"]
 
 
 __all__ = ["SearchQAEnv", "parse_action", "HOW_TO"]

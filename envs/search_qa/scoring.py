@@ -19,7 +19,8 @@ from typing import Iterable, Optional, Sequence
 _PUNCT = str.maketrans("", "", string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 CHOICE_LETTERS = "ABCDE"
-_CHOICE = re.compile(r"^\W*(?:(?:the\s+)?(?:answer|option|choice)\s*(?:is)?\s*[:\-]?\s*)?\(?([A-Ea-e])(?![A-Za-z])", re.IGNORECASE)
+_CHOICE = re.compile(r"^\W*(?:(?:the\s+)?(?:answer|option|choice)\s*(?:is)?\s*[:\-]?\s*)?"
+                     r"\(?([A-Ea-e])(?![A-Za-z])", re.IGNORECASE)
 
 
 def normalize_answer(text: str) -> str:

@@ -59,7 +59,8 @@ class SokobanEnvConfig:
     num_gen_steps: Optional[int] = None         # walk length; None = int(1.7 * (rows + cols))
     compute_optimal: bool = True                # solve each room at reset for info['optimal_steps']
     deadlock_penalty: float = 0.0               # not RAGEN's: added once to the reward of the push that leaves the room
-                                                # unsolvable (a box that can no longer reach a target); 0 = gym-sokoban's rewards
+                                                # unsolvable (a box that can no longer reach a target);
+                                                # 0 = gym-sokoban's rewards
     end_on_deadlock: bool = False               # not RAGEN's: that push ends the episode (success unchanged: the room
                                                 # could not be solved any more)
     distance_shaping: float = 0.0               # not RAGEN's: adds c * (d(s) - d(s')) to each step's reward, d = the

@@ -332,7 +332,8 @@ class Catalog:
             for _, raw, off, n in iter_json_records(self.files.products, limit=self.num_products):
                 yield raw, off, n
         except (OSError, ValueError) as e:
-            raise WebShopDataError(f"Cannot read WebShop products from {self.files.products!r}: {e}. {DATA_HELP}") from e
+            raise WebShopDataError(f"Cannot read WebShop products from {self.files.products!r}: {e}. "
+                                   f"{DATA_HELP}") from e
 
     def _load_reviews(self) -> Dict[str, Mapping[str, Any]]:
         if not self.files.reviews:
@@ -560,7 +561,8 @@ class Catalog:
                 setattr(self, name, None)
 
 
-def split_range(n_goals: int, split: str, split_ranges: Optional[Mapping[str, Sequence[Optional[int]]]] = None) -> range:
+def split_range(n_goals: int, split: str,
+                split_ranges: Optional[Mapping[str, Sequence[Optional[int]]]] = None) -> range:
     """Goal index range of a split: WebShop's (test [0, 500), val [500, 1500), train [1500, n)) for more than
     3000 goals, else the first 10% / next 10% / rest; ``split_ranges`` overrides; ``all`` is everything."""
     if split == "all":

@@ -53,7 +53,8 @@ class WebShopGymEnv(gym.Env):
     def _obs(self, text: str) -> str:
         return to_charset(text, self.max_obs_chars)
 
-    def reset(self, *, seed: Optional[int] = None, options: Optional[Dict[str, Any]] = None) -> Tuple[str, Dict[str, Any]]:
+    def reset(self, *, seed: Optional[int] = None,
+              options: Optional[Dict[str, Any]] = None) -> Tuple[str, Dict[str, Any]]:
         super().reset(seed=seed)
         goal_seed = seed if seed is not None else int(self.np_random.integers(0, 2 ** 31 - 1))
         obs = self.env.reset(seed=goal_seed, mode=(options or {}).get("split"))

@@ -36,7 +36,8 @@ log = logging.getLogger(__name__)
 
 
 def light_stem(w: str) -> str:
-    """Fold English plurals: ``ies`` -> ``y``, ``(s|x|z|ch|sh)es`` -> drop ``es``, ``s`` -> drop (not ``ss``/``us``/``is``)."""
+    """Fold English plurals: ``ies`` -> ``y``, ``(s|x|z|ch|sh)es`` -> drop ``es``,
+    ``s`` -> drop (not ``ss``/``us``/``is``)."""
     n = len(w)
     if n <= 3 or not w.endswith("s") or w[-2:] in ("ss", "us", "is") or w[-2].isdigit():
         return w

@@ -6,8 +6,9 @@ Names (`model_cfg["name"]`):
 - `tiny`: built here with no download (a local byte-level BPE tokenizer + a small random Qwen2/Llama, see
   `ragen_turn.models.tiny`); config keys `hidden_size` (128), `num_hidden_layers` (2), `num_attention_heads` (4),
   `num_key_value_heads` (2), `intermediate_size` (512), `max_position_embeddings` (2048), `tie_word_embeddings`
-  (true), `arch` (qwen2 | llama), `seed` (0), `tokenizer_corpus` (agents | search_qa), `copy_pretrain_steps` (0: steps of a synthetic copy task after
-  init, see `ragen_turn.models.copy_pretrain`), `copy_pretrain_max_gap` (30) and `copy_pretrain_small_alphabet`
+  (true), `arch` (qwen2 | llama), `seed` (0), `tokenizer_corpus` (agents | search_qa), `copy_pretrain_steps`
+  (0: steps of a synthetic copy task after init, see `ragen_turn.models.copy_pretrain`), `copy_pretrain_max_gap`
+  (30) and `copy_pretrain_small_alphabet`
   (0.0: the task's reach and its share of few-token rows). Built once, then cached as a Hugging Face directory
   `<cache root>/tiny-<hash of config>`.
 - `hf`, or any name with `path` (or RAGEN's `model_path`) set: a local Hugging Face checkpoint directory; nothing is
