@@ -86,9 +86,10 @@ def _adv_estimator(v, given, cfg):
 
 
 def _critic_of(adv: str) -> str:
-    from ragen_turn.algos.advantages import CRITIC_LEVEL_OF
+    """The critic level on ``adv``'s registry entry (``?`` for a name not registered)."""
+    from ragen_turn.algos import ADV_ESTIMATOR_REGISTRY, adv_estimator_spec
 
-    return CRITIC_LEVEL_OF.get(adv, "?")
+    return adv_estimator_spec(adv).critic_level if adv in ADV_ESTIMATOR_REGISTRY else "?"
 
 
 def _bi_level_gae(v, given, cfg):

@@ -2,8 +2,8 @@
 
 Both engines hand a :class:`~ragen_turn.rollout.Trajectory` (with critic ``values`` in the shared
 layout: ``values[:, t]`` = V(state just before token t)) to these functions, so StarPO-S filtering,
-reward normalisation, the advantage step (one registry lookup for every estimator) and the turn
-critic's targets exist once.
+reward normalisation, the advantage step (one registry lookup for every estimator) and the critic's
+targets (:func:`critic_targets`: every response token, or the turn starts for the turn critic) exist once.
 """
 from __future__ import annotations
 
@@ -177,12 +177,33 @@ def compute_advantages(batch: Trajectory, cfg: Any) -> None:
         bootstrap_values=batch.bootstrap_values)
 
 
-def turn_critic_targets(batch: Trajectory) -> None:
-    """The turn critic's old values V(s_h) and targets return_h ``[B, H]``: ``values`` and ``returns`` read at
-    each turn's first token (the turn GAE puts turn h's return on every token of turn h)."""
-    H = batch.turn_mask.shape[1]
-    batch.turn_values = turn_start_values(batch.values, batch.turn_ids, H)
-    batch.turn_returns = turn_start_values(batch.returns, batch.turn_ids, H)
+def critic_targets(batch: Trajectory, level: str) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What the critic of ``level`` (``critic.level``: the estimator's, ``algos.adv_estimator_spec``) is trained
+    on, for both engines: ``(mask, old_values, returns)``.
+
+    - ``token``: ``[B, T]`` ``response_mask``, ``values``, ``returns``: every response token.
+    - ``turn`` (the turn critic V(s_h)): ``[B, H]`` ``turn_mask``, V(s_h) and return_h, i.e. ``values`` and
+      ``returns`` at each turn's first token (V(s_h) is the value just before it; turn GAE puts return_h on
+      every token of turn h). The same critic as ``token``, trained only at the turn starts.
+
+    ``old_values`` are the critic's before this step's update (so ``critic/explained_var`` over them is
+    CleanRL's). A turn critic's fresh values are read with :func:`critic_values` in the same layout.
+    """
+    if level == "token":
+        return batch.response_mask, batch.values, batch.returns
+    if level == "turn":
+        H = batch.turn_mask.shape[1]
+        return (batch.turn_mask, turn_start_values(batch.values, batch.turn_ids, H),
+                turn_start_values(batch.returns, batch.turn_ids, H))
+    raise ValueError(f"critic.level={level}: no critic to train (critic_targets needs token or turn)")
+
+
+def critic_values(values: torch.Tensor, batch: Trajectory, level: str) -> torch.Tensor:
+    """Fresh critic ``values`` ``[B, T]`` (the shared layout) in :func:`critic_targets`' layout for ``level``:
+    as they are (``token``) or V(s_h) ``[B, H]`` at the turn starts (``turn``)."""
+    if level == "turn":
+        return turn_start_values(values, batch.turn_ids, batch.turn_mask.shape[1])
+    return values
 
 
 def advantage_metrics(advantages: torch.Tensor, response_mask: torch.Tensor, turn_ids: torch.Tensor,

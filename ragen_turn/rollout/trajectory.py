@@ -64,12 +64,9 @@ class Trajectory:
     bootstrap_values: Optional[torch.Tensor] = None  # [B] V after the last turn of truncated rows, 0 for finished ones
     advantages: Optional[torch.Tensor] = None
     returns: Optional[torch.Tensor] = None
-    # turn layout [B, H] (turn critic)
-    turn_values: Optional[torch.Tensor] = None
-    turn_returns: Optional[torch.Tensor] = None
     episodes: List[Episode] = field(default_factory=list)
 
-    TURN_FIELDS = ("turn_rewards", "turn_mask", "turn_values", "turn_returns")
+    TURN_FIELDS = ("turn_rewards", "turn_mask")
 
     @property
     def batch_size(self) -> int:

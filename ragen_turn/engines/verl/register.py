@@ -1,8 +1,9 @@
 """Register our policy losses and turn-level GAE in verl's registries (thin adapters over ``ragen_turn.algos``).
 
-Importing this module registers ``turn_ppo``, ``turn_ppo_geo``, ``turn_is``, ``s_ppo``, ``st_ppo`` (and
-``token_ppo``) with ``verl.trainer.ppo.core_algos.register_policy_loss`` and ``turn_gae`` with
-``register_adv_est``. Registries live in each process, so every Ray worker must import it: the verl
+Importing this module registers every policy loss of ``ragen_turn.algos``' registry (``turn_ppo``,
+``turn_ppo_geo``, ``turn_is``, ``s_ppo``, ``st_ppo``, ``token_ppo``; each one's default aggregation from its
+registry entry) with ``verl.trainer.ppo.core_algos.register_policy_loss``, and ``turn_gae`` (the estimator verl
+has no counterpart of) with ``register_adv_est``. Registries live in each process, so every Ray worker must import it: the verl
 engine sets ``VERL_USE_EXTERNAL_MODULES`` (read by ``import verl``) and
 ``actor_rollout_ref.model.external_lib`` to this module.
 
@@ -29,9 +30,6 @@ from verl.workers.config import PolicyLossConfig
 from ragen_turn import algos
 from ragen_turn.algos.losses import cfg_get
 
-POLICY_LOSSES = ("token_ppo", "turn_ppo", "turn_ppo_geo", "turn_is", "s_ppo", "st_ppo")
-TURN_UNIT_LOSSES = ("turn_ppo", "turn_ppo_geo")
-ADV_ESTIMATORS = ("turn_gae",)
 _KNOBS = ("ratio_mode", "clip_bias", "clip_bias_level", "clip_bias_stat", "clip_bias_threshold", "loss_agg_mode",
           "turn_band", "token_band", "loss_scale_factor")
 
@@ -100,7 +98,7 @@ def global_counts(name: str, response_mask: torch.Tensor, agg: Optional[str],
     mask = response_mask.bool()
     n_tok, n_seq, n_turns = (info.get(k) for k in ("batch_num_tokens", "global_batch_size", "batch_num_turns"))
     rows = float((mask.sum(dim=1) > 0).sum())
-    default = "turn-mean" if name in TURN_UNIT_LOSSES else "token-mean"
+    default = algos.policy_loss_spec(name).default_agg
     if n_turns:
         turns = float(n_turns) / dp
     else:
@@ -159,7 +157,7 @@ def compute_turn_gae_advantage(token_level_rewards: torch.Tensor, response_mask:
 
 def register_all() -> None:
     """Idempotent: (re)register our names in this process's verl registries."""
-    for name in POLICY_LOSSES:
+    for name in algos.POLICY_LOSS_REGISTRY:  # every loss of ours, by its registry entry
         fn = verl_algos.POLICY_LOSS_REGISTRY.get(name)
         if fn is None or getattr(fn, "__module__", None) != __name__:
             verl_algos.register_policy_loss(name)(make_policy_loss(name))
