@@ -21,18 +21,18 @@ LOGGERS = ("console", "wandb")
 
 
 def critic_level_of(adv_estimator: str) -> str:
-    """The critic ``adv_estimator`` reads (``none`` / ``token`` / ``turn``), from its registry entry: the value of
-    ``critic.level`` (``${critic_level:${algorithm.adv_estimator}}`` in config/base.yaml). An unknown name gives
-    ``none``: the schema reports it (``algorithm.adv_estimator``'s choices) before anything is built."""
+    """The critic ``adv_estimator`` reads (``none`` / ``token`` / ``turn``), on its registry entry: the value
+    of ``critic.level`` (``${critic_level:${algorithm.adv_estimator}}`` in config/base.yaml). An unknown name
+    gives ``none``: the schema reports it (``algorithm.adv_estimator``'s choices) before anything is built."""
     name = str(adv_estimator)
     return adv_estimator_spec(name).critic_level if name in ADV_ESTIMATOR_REGISTRY else "none"
 
 
-# keys the algo= group no longer has, and what replaced them: (the value the estimator implies, the replacement)
+# keys the algo= group no longer has: (the value the estimator implies, what replaced the key)
 REMOVED_ALGO_KEYS = {
     "trainer": (lambda spec: "turn" if spec.critic_level == "turn" else "starpo",
-                "one trainer runs every algorithm; the turn critic follows from algorithm.adv_estimator's critic "
-                "level (turn_gae: turn)"),
+                "one trainer runs every algorithm; the turn critic follows from algorithm.adv_estimator's "
+                "critic level (turn_gae: turn)"),
     "critic_level": (lambda spec: spec.critic_level,
                      "the critic level is algorithm.adv_estimator's (its registry entry, ragen_turn/algos); "
                      "critic.level follows it"),
@@ -190,8 +190,8 @@ def validate_config(cfg: DictConfig) -> None:
 # Each takes the config and returns its problems (``key=value: rule`` lines); validate_config runs them all.
 def check_removed_algo_keys(cfg: DictConfig) -> List[str]:
     """An old config's ``algo`` keys that are gone (:data:`REMOVED_ALGO_KEYS`): a value that agrees with
-    ``algorithm.adv_estimator``'s registry entry is ignored with a one-line note (an old run's config.yaml still
-    loads); one that does not is a problem naming what replaced the key."""
+    ``algorithm.adv_estimator``'s registry entry is ignored with a one-line note (an old run's config.yaml
+    still loads); one that does not is a problem naming what replaced the key."""
     spec = adv_estimator_spec(cfg.algorithm.adv_estimator)
     out = []
     for name, (implied, replaced_by) in REMOVED_ALGO_KEYS.items():
@@ -201,11 +201,12 @@ def check_removed_algo_keys(cfg: DictConfig) -> List[str]:
         where = f"algo.{name}={value}"
         if str(value) != implied(spec):
             out.append(f"{where}: this key was removed and {replaced_by}; with algorithm.adv_estimator="
-                       f"{cfg.algorithm.adv_estimator} it would be {implied(spec)}: delete the key (and pick the "
-                       f"algo= whose estimator you want)")
+                       f"{cfg.algorithm.adv_estimator} it would be {implied(spec)}: delete the key (and pick "
+                       f"the algo= whose estimator you want)")
         elif where not in _noted:
             _noted.add(where)
-            print(f"[config] note: {where} is ignored (removed: {replaced_by}); delete the key", file=sys.stderr)
+            print(f"[config] note: {where} is ignored (removed: {replaced_by}); delete the key",
+                  file=sys.stderr)
     return out
 
 
@@ -214,7 +215,8 @@ def _algorithm_pieces(cfg: DictConfig) -> List[str]:
     spec = adv_estimator_spec(adv)  # the schema has checked that adv is registered
     out = check_removed_algo_keys(cfg)
     if level != spec.critic_level:
-        out.append(f"critic.level={level}: algorithm.adv_estimator={adv} needs critic.level={spec.critic_level}")
+        out.append(f"critic.level={level}: algorithm.adv_estimator={adv} needs "
+                   f"critic.level={spec.critic_level}")
     try:
         _check_policy_loss(cfg)
     except ValueError as e:

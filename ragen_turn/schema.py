@@ -278,8 +278,8 @@ class AlgoConfig:
     ratio_mode: str = key(choices=("sum", "geo_mean"))
     gamma: float = key(**UNIT)
     lam: float = key(**UNIT)
-    # removed keys, kept only so an old config still composes: ragen_turn.config.check_removed_algo_keys accepts
-    # a value that agrees with the estimator's registry entry (with a note) and stops on one that does not
+    # removed keys, kept only so an old config still composes: config.check_removed_algo_keys accepts a value
+    # that agrees with the estimator's registry entry (with a note) and stops on one that does not
     trainer: Optional[str] = key(None)
     critic_level: Optional[str] = key(None)
 

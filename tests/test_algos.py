@@ -237,8 +237,9 @@ def test_registry_entries_carry_each_algorithms_properties():
     """The facts the config checks and the engines read, on the entries (by hand, from the papers)."""
     from ragen_turn.algos import EstimatorSpec, adv_estimator_spec, bootstrapping_estimators
 
-    assert {n: (s.critic_level, s.bootstraps, s.min_group_size)
-            for n, s in ((n, adv_estimator_spec(n)) for n in ["grpo", "token_gae", "bi_level_gae", "turn_gae"])} == {
+    names = ["grpo", "token_gae", "bi_level_gae", "turn_gae"]
+    specs = {n: adv_estimator_spec(n) for n in names}
+    assert {n: (s.critic_level, s.bootstraps, s.min_group_size) for n, s in specs.items()} == {
         "grpo": ("none", False, 2), "token_gae": ("token", True, 1), "bi_level_gae": ("token", False, 1),
         "turn_gae": ("turn", True, 1)}
     assert bootstrapping_estimators() == ["token_gae", "turn_gae"]

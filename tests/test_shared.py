@@ -109,11 +109,13 @@ def test_turn_critic_targets_are_the_turn_returns_at_turn_starts():
 @pytest.mark.parametrize("algo,key,value,fine", [
     ("turn_ppo", "trainer", "turn", True), ("turn_ppo", "critic_level", "turn", True),
     ("token_ppo", "trainer", "starpo", True), ("grpo", "critic_level", "none", True),
-    ("turn_is", "trainer", "turn", False), ("st_ppo", "trainer", "turn", False), ("turn_ppo", "trainer", "starpo", False),
+    ("turn_is", "trainer", "turn", False), ("st_ppo", "trainer", "turn", False),
+    ("turn_ppo", "trainer", "starpo", False),
     ("turn_ppo", "critic_level", "token", False), ("grpo", "critic_level", "token", False)])
 def test_removed_algo_keys_are_ignored_when_they_agree_and_stop_when_not(algo, key, value, fine, capsys):
-    """An old config's algo keys (the trainer class, the critic level) compose still: a value the estimator's registry
-    entry implies is ignored with a note naming what replaced the key; another one stops with that message."""
+    """An old config's algo keys (the trainer class, the critic level) compose still: a value the estimator's
+    registry entry implies is ignored with a note naming what replaced the key; another one stops with that
+    message."""
     from ragen_turn import config as config_mod
 
     config_mod._noted.clear()

@@ -815,7 +815,7 @@ def test_trainer_class_subclasses_verls_ray_ppo_trainer():
     from ragen_turn.engines import common
 
     assert issubclass(vt.StarPOTrainer, RayPPOTrainer)
-    # one trainer for every algorithm: the turn critic is critic_batch on common.critic_targets, not a subclass
+    # one trainer for every algorithm: the turn critic is critic_batch on common.critic_targets
     assert not hasattr(vt, "TurnPPOTrainer") and not hasattr(vt, "TRAINERS")
     assert vt.critic_targets is common.critic_targets
 

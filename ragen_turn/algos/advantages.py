@@ -38,7 +38,7 @@ from .turns import (
 
 # each entry carries its EstimatorSpec (the critic it reads, bootstrapping, group size): registry.py
 ADV_ESTIMATOR_REGISTRY = Registry("advantage estimator", EstimatorSpec)
-register_adv_est = ADV_ESTIMATOR_REGISTRY.register  # decorator: register_adv_est(name, critic_level=, bootstraps=)
+register_adv_est = ADV_ESTIMATOR_REGISTRY.register  # register_adv_est(name, critic_level=, bootstraps=, ...)
 get_adv_estimator_fn = ADV_ESTIMATOR_REGISTRY.lookup
 adv_estimator_spec = ADV_ESTIMATOR_REGISTRY.spec  # name -> EstimatorSpec
 

@@ -28,8 +28,8 @@ class EstimatorSpec:
     """What an advantage estimator needs.
 
     ``critic_level``: ``none`` (no critic is built; e.g. GRPO's group baseline), ``token`` (V before every
-    response token, trained on every response token) or ``turn`` (V(s_h), read and trained at each turn's first
-    token). ``bootstraps``: it accepts ``bootstrap_values`` (``algorithm.bootstrap_truncated``).
+    response token, trained on every response token) or ``turn`` (V(s_h), read and trained at each turn's
+    first token). ``bootstraps``: it accepts ``bootstrap_values`` (``algorithm.bootstrap_truncated``).
     ``min_group_size``: the fewest rollouts per env group it can use (2 for a group-mean baseline)."""
 
     critic_level: str

@@ -178,8 +178,8 @@ def compute_advantages(batch: Trajectory, cfg: Any) -> None:
 
 
 def critic_targets(batch: Trajectory, level: str) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """What the critic of ``level`` (``critic.level``: the estimator's, ``algos.adv_estimator_spec``) is trained
-    on, for both engines: ``(mask, old_values, returns)``.
+    """What the critic of ``level`` (``critic.level``: the estimator's, ``algos.adv_estimator_spec``) is
+    trained on, for both engines: ``(mask, old_values, returns)``.
 
     - ``token``: ``[B, T]`` ``response_mask``, ``values``, ``returns``: every response token.
     - ``turn`` (the turn critic V(s_h)): ``[B, H]`` ``turn_mask``, V(s_h) and return_h, i.e. ``values`` and

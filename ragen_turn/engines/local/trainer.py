@@ -97,9 +97,9 @@ def evaluate_policy(model, tokenizer, cfg: DictConfig, envs: EnvGroupManager, de
 
 # ------------------------------------------------------------------------------------------------
 class StarPOTrainer:
-    """RAGEN's StarPO loop on one device, for every algo (grpo, token_ppo, bi_level_gae, turn_ppo, s_ppo, turn_is,
-    st_ppo, ...): the advantage estimator and the policy loss come from the config by name, the critic
-    (none, token or turn) from the estimator's registry entry (``critic.level``)."""
+    """RAGEN's StarPO loop on one device, for every algo (grpo, token_ppo, bi_level_gae, turn_ppo, s_ppo,
+    turn_is, st_ppo, ...): the advantage estimator and the policy loss come from the config by name, the
+    critic (none, token or turn) from the estimator's registry entry (``critic.level``)."""
 
     def __init__(self, cfg: DictConfig, log=print):
         validate_config(cfg)
@@ -240,9 +240,10 @@ class StarPOTrainer:
 
     # -------------------------------------------------------------------------------- critic
     def value_targets(self, batch: Trajectory):
-        """``(values, returns, mask)`` the critic is trained on (:func:`~ragen_turn.engines.common.critic_targets`:
-        tokens ``[B, T]``, or the turn starts ``[B, H]`` for the turn critic): the values are the critic's before
-        this step's update, so ``critic/explained_var`` over them is CleanRL's."""
+        """``(values, returns, mask)`` the critic is trained on
+        (:func:`~ragen_turn.engines.common.critic_targets`: tokens ``[B, T]``, or the turn starts ``[B, H]``
+        for the turn critic): the values are the critic's before this step's update, so
+        ``critic/explained_var`` over them is CleanRL's."""
         mask, old, returns = critic_targets(batch, self.cfg.critic.level)
         return old, returns, mask
 
@@ -253,8 +254,8 @@ class StarPOTrainer:
         level = self.cfg.critic.level
         mask, old, returns = critic_targets(mb, level)
         n = (counts.turns if level == "turn" else counts.tokens) if counts else None
-        return value_loss(critic_values(values, mb, level), old, returns, mask, self.cfg.critic.cliprange_value,
-                          normaliser=n)
+        return value_loss(critic_values(values, mb, level), old, returns, mask,
+                          self.cfg.critic.cliprange_value, normaliser=n)
 
     # -------------------------------------------------------------------------------- update
     def _minibatches(self, n: int, epoch: int) -> List[torch.Tensor]:

@@ -2,9 +2,9 @@
 
 Importing this module registers every policy loss of ``ragen_turn.algos``' registry (``turn_ppo``,
 ``turn_ppo_geo``, ``turn_is``, ``s_ppo``, ``st_ppo``, ``token_ppo``; each one's default aggregation from its
-registry entry) with ``verl.trainer.ppo.core_algos.register_policy_loss``, and ``turn_gae`` (the estimator verl
-has no counterpart of) with ``register_adv_est``. Registries live in each process, so every Ray worker must import it: the verl
-engine sets ``VERL_USE_EXTERNAL_MODULES`` (read by ``import verl``) and
+registry entry) with ``verl.trainer.ppo.core_algos.register_policy_loss``, and ``turn_gae`` (the estimator
+verl has no counterpart of) with ``register_adv_est``. Registries live in each process, so every Ray worker
+must import it: the verl engine sets ``VERL_USE_EXTERNAL_MODULES`` (read by ``import verl``) and
 ``actor_rollout_ref.model.external_lib`` to this module.
 
 The maths is ``ragen_turn.algos``; an adapter only

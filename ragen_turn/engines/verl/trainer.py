@@ -168,8 +168,10 @@ def critic_batch(batch: DataProto, traj: Trajectory, level: str) -> DataProto:
     if level == "turn":
         tmask, _, turn_returns = critic_targets(traj, level)
         starts, _ = turn_boundaries(traj.turn_ids, tmask.shape[1])
-        tensors["response_mask"] = turn_start_mask(traj.turn_ids, tmask).to(batch.batch["response_mask"].dtype)
-        tensors["returns"] = torch.zeros_like(traj.response_mask).scatter_add(1, starts, turn_returns * tmask.float())
+        starts_mask = turn_start_mask(traj.turn_ids, tmask)
+        tensors["response_mask"] = starts_mask.to(batch.batch["response_mask"].dtype)
+        tensors["returns"] = torch.zeros_like(traj.response_mask).scatter_add(1, starts,
+                                                                             turn_returns * tmask.float())
     else:
         tensors["returns"] = batch.batch["returns"]
     return DataProto.from_dict(tensors=tensors, meta_info=dict(batch.meta_info))
@@ -526,8 +528,9 @@ class TrainerBuilder(BaseTaskRunner):
                         use_critic=need_critic(config))
         tokenizer = omega_conf_to_dataclass(config.actor_rollout_ref.model).tokenizer
         pools = self.init_resource_pool_mgr(config)
-        trainer = StarPOTrainer(config=config, tokenizer=tokenizer, role_worker_mapping=self.role_worker_mapping,
-                                resource_pool_manager=pools, ray_worker_group_cls=ray_worker_group_cls)
+        trainer = StarPOTrainer(config=config, tokenizer=tokenizer,
+                                role_worker_mapping=self.role_worker_mapping, resource_pool_manager=pools,
+                                ray_worker_group_cls=ray_worker_group_cls)
         trainer.init_workers()
         return trainer
 
