@@ -57,11 +57,16 @@ def test_every_registered_estimator_has_the_one_signature():
 
 @pytest.mark.parametrize("name", ["grpo", "token_gae", "bi_level_gae", "turn_gae"])
 def test_registry_dispatch_gives_token_layout_zero_off_the_response(name):
+    """Advantages on tokens; returns in the layout of the estimator's critic (per turn for the turn critic)."""
     batch = _batch()
     adv, ret = algos.get_adv_estimator_fn(name)(**_inputs(batch), config={"gamma": 0.9, "lam": 0.8})
-    assert adv.shape == ret.shape == batch.response_mask.shape
+    assert adv.shape == batch.response_mask.shape
     off = batch.response_mask == 0
-    assert torch.all(adv[off] == 0) and torch.all(ret[off] == 0)
+    assert torch.all(adv[off] == 0)
+    if algos.adv_estimator_spec(name).critic_level == "turn":
+        assert ret.shape == batch.turn_mask.shape and torch.all(ret[batch.turn_mask == 0] == 0)
+    else:
+        assert ret.shape == batch.response_mask.shape and torch.all(ret[off] == 0)
     assert torch.isfinite(adv).all() and adv[~off].abs().sum() > 0
 
 
@@ -84,7 +89,7 @@ def test_turn_gae_estimator_is_turn_gae_over_values_at_turn_starts():
         for h in range(n):
             on = tids == h
             assert torch.allclose(adv[b][on], torch.tensor(expect[h]), atol=1e-5)
-            assert torch.allclose(ret[b][on], torch.tensor(expect[h] + v[h]), atol=1e-5)
+            assert ret[b, h].item() == pytest.approx(expect[h] + v[h], abs=1e-5)  # return_h, per turn
 
 
 def test_turn_critic_targets_are_the_turn_returns_at_turn_starts():
@@ -92,6 +97,7 @@ def test_turn_critic_targets_are_the_turn_returns_at_turn_starts():
     batch = _batch(seed=5)
     common.compute_advantages(batch, cfg)
     mask, old, returns = common.critic_targets(batch, "turn")
+    assert batch.returns is None and returns is batch.turn_returns  # as turn GAE gave them: no read-back
     H = batch.turn_mask.shape[1]
     tvals = algos.turn_start_values(batch.values, batch.turn_ids, H)
     _, turn_ret = algos.compute_turn_gae(common.normalized_turn_rewards(batch, cfg), tvals, batch.turn_mask,
@@ -100,6 +106,8 @@ def test_turn_critic_targets_are_the_turn_returns_at_turn_starts():
     assert torch.allclose(returns, turn_ret, atol=1e-6)
     # fresh values are read in the same layout; the token critic's targets are the tokens' own
     assert torch.equal(common.critic_values(batch.values, batch, "turn"), tvals)
+    common.compute_advantages(batch, micro_config(["algo=token_ppo"]))
+    assert batch.turn_returns is None
     mask, old, returns = common.critic_targets(batch, "token")
     assert mask is batch.response_mask and old is batch.values and returns is batch.returns
     with pytest.raises(ValueError, match="critic.level=none"):

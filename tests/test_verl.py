@@ -905,6 +905,7 @@ def test_minibatch_turn_counts_follow_verls_dispatch_and_minibatching():
 @pytest.mark.parametrize("algo", ["turn_ppo", "token_ppo", "grpo"])
 def test_verl_advantages_equal_the_local_engines(model_dir, algo):
     """Advantages on the verl layout (response coordinates) == the local engine's on its own layout."""
+    from ragen_turn import algos
     from ragen_turn.engines import common
     from ragen_turn.engines.verl.trainer import StarPOTrainer, critic_batch, to_trajectory
     from ragen_turn.rollout import Trajectory
@@ -943,11 +944,13 @@ def test_verl_advantages_equal_the_local_engines(model_dir, algo):
         full.values[i, p_len: p_len + r_len] = values[i, :r_len]
     full.values = full.values * full.response_mask
     common.compute_advantages(full, cfg)  # the same functions on the local engine's full-row layout
+    full_returns = full.returns if cfg.critic.level != "turn" else \
+        algos.scatter_turns(full.turn_returns, full.turn_ids) * full.response_mask  # verl's token layout
     for i in range(B):
         p_len = int(out.batch["attention_mask"][i][:P].sum())
         r_len = int(out.batch["attention_mask"][i][P:].sum())
         assert torch.allclose(out.batch["advantages"][i, :r_len], full.advantages[i, p_len: p_len + r_len], atol=1e-5)
-        assert torch.allclose(out.batch["returns"][i, :r_len], full.returns[i, p_len: p_len + r_len], atol=1e-5)
+        assert torch.allclose(out.batch["returns"][i, :r_len], full_returns[i, p_len: p_len + r_len], atol=1e-5)
     if cfg.critic.level == "turn":
         cb = critic_batch(out, traj, "turn")
         rm = cb.batch["response_mask"].float()

@@ -220,11 +220,12 @@ def run_local(cfg, verl_out, path: Path):
 
 def all_token_critic_grads(t, full) -> dict:
     """Control: the critic's gradient had it trained on every response token (the turn returns on each)."""
-    from ragen_turn.algos import value_loss
+    from ragen_turn.algos import scatter_turns, value_loss
 
     t.critic.zero_grad(set_to_none=True)
     values = t.critic_values(full.input_ids, full.attention_mask, full.position_ids)
-    loss, _ = value_loss(values, full.values, full.returns, full.response_mask, t.cfg.critic.cliprange_value)
+    returns = scatter_turns(full.turn_returns, full.turn_ids) * full.response_mask  # return_h on each token of turn h
+    loss, _ = value_loss(values, full.values, returns, full.response_mask, t.cfg.critic.cliprange_value)
     loss.backward()
     grads = {n: p.grad.detach().clone() for n, p in t.critic.named_parameters()}
     t.critic.zero_grad(set_to_none=True)

@@ -8,6 +8,10 @@ signature, so a trainer dispatches with ``get_adv_estimator_fn(name)(**inputs)``
                              group_ids=[B], values=[B, T] or None, config=algorithm config,
                              bootstrap_values=[B] or None)
 
+``advantages`` are ``[B, T]`` (0 off the response); ``returns`` are the critic's targets in the layout of the
+estimator's critic (its registry entry's ``critic_level``): ``[B, T]`` for ``none`` / ``token``, the turn
+returns ``[B, H]`` (0 where ``turn_mask`` is 0) for ``turn``.
+
 ``bootstrap_values`` (``algorithm.bootstrap_truncated``): V of the state after each row's last turn for
 rows cut by the context window or the turn / action budget (0 for finished rows); the GAE estimators use it
 as the value after the last turn instead of 0.
@@ -357,7 +361,8 @@ def turn_gae_advantage(*, turn_rewards: torch.Tensor, turn_mask: torch.Tensor, t
                        config: Any, bootstrap_values: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Turn-PPO's turn GAE, the one pipeline both engines run: V(s_h) = the value at turn h's first token
     (0 without a critic), :func:`compute_turn_gae` over the turns, whitened over turns (each turn is one
-    sample of the turn-MDP), then turn h's advantage and return on every token of turn h.
+    sample of the turn-MDP), then turn h's advantage on every token of turn h ``[B, T]``; the returns stay per
+    turn ``[B, H]`` (return_h: the turn critic's targets, ``critic_level="turn"``).
     """
     H = turn_mask.shape[1]
     turn_values = turn_start_values(values.float(), turn_ids, H) if values is not None \
@@ -366,7 +371,7 @@ def turn_gae_advantage(*, turn_rewards: torch.Tensor, turn_mask: torch.Tensor, t
                                 float(cfg_get(config, "lam", 1.0)), last_values=bootstrap_values)
     if cfg_get(config, "norm_adv", True):
         adv = masked_whiten(adv, turn_mask)
-    return scatter_turns(adv, turn_ids) * response_mask, scatter_turns(ret, turn_ids) * response_mask
+    return scatter_turns(adv, turn_ids) * response_mask, ret
 
 
 def _check_bootstrap(name: str, bootstrap_values: Optional[torch.Tensor]) -> None:

@@ -143,16 +143,18 @@ def compute_turn_gae_advantage(token_level_rewards: torch.Tensor, response_mask:
             token). verl's stock ``compute_advantage`` never passes values to a custom estimator; then
             V = 0 and the advantages are turn-level discounted returns (the verl engine's trainer passes them).
     Returns:
-        advantages, returns: ``[B, R]``, turn h's value on every token of turn h.
+        advantages, returns: ``[B, R]``, turn h's value on every token of turn h (verl's layout; our estimator
+        gives the returns per turn).
     """
     mask = response_mask.float()
     if turn_ids is None:
         turn_ids = algos.turn_ids_from_mask(response_mask)
     H = max(algos.num_turns(turn_ids), 1)
     rewards = algos.turn_sums(token_level_rewards.float() * mask, turn_ids, H)
-    return algos.get_adv_estimator_fn("turn_gae")(
+    adv, turn_returns = algos.get_adv_estimator_fn("turn_gae")(
         turn_rewards=rewards, turn_mask=algos.turn_mask_from_ids(turn_ids, H), turn_ids=turn_ids, response_mask=mask,
         group_ids=None, values=values, config=config)
+    return adv, algos.scatter_turns(turn_returns, turn_ids) * mask
 
 
 def register_all() -> None:
