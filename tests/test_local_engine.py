@@ -245,7 +245,7 @@ def test_bootstrap_truncated_reads_the_value_after_the_last_token(algo, tmp_path
     off = runs[False][1]
     assert off.bootstrap_values is None
     targets = {k: critic_targets(x, cfg.critic.level)[2] for k, x in (("off", off), ("on", batch))}
-    assert not torch.allclose(targets["off"], targets["on"])  # the bootstrap changed the targets of truncated rows
+    assert not torch.allclose(targets["off"], targets["on"])  # the bootstrap changed truncated rows' targets
     rows_equal = [torch.allclose(targets["off"][b], targets["on"][b]) for b in range(batch.batch_size)]
     assert all(eq for eq, t in zip(rows_equal, truncated.tolist()) if not t)  # finished rows keep their returns
 

@@ -57,7 +57,7 @@ def test_every_registered_estimator_has_the_one_signature():
 
 @pytest.mark.parametrize("name", ["grpo", "token_gae", "bi_level_gae", "turn_gae"])
 def test_registry_dispatch_gives_token_layout_zero_off_the_response(name):
-    """Advantages on tokens; returns in the layout of the estimator's critic (per turn for the turn critic)."""
+    """Advantages on tokens; returns in the layout of the estimator's critic (per turn: the turn critic)."""
     batch = _batch()
     adv, ret = algos.get_adv_estimator_fn(name)(**_inputs(batch), config={"gamma": 0.9, "lam": 0.8})
     assert adv.shape == batch.response_mask.shape

@@ -950,7 +950,8 @@ def test_verl_advantages_equal_the_local_engines(model_dir, algo):
         p_len = int(out.batch["attention_mask"][i][:P].sum())
         r_len = int(out.batch["attention_mask"][i][P:].sum())
         assert torch.allclose(out.batch["advantages"][i, :r_len], full.advantages[i, p_len: p_len + r_len], atol=1e-5)
-        assert torch.allclose(out.batch["returns"][i, :r_len], full_returns[i, p_len: p_len + r_len], atol=1e-5)
+        assert torch.allclose(out.batch["returns"][i, :r_len], full_returns[i, p_len: p_len + r_len],
+                              atol=1e-5)
     if cfg.critic.level == "turn":
         cb = critic_batch(out, traj, "turn")
         rm = cb.batch["response_mask"].float()

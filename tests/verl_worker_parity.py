@@ -224,7 +224,7 @@ def all_token_critic_grads(t, full) -> dict:
 
     t.critic.zero_grad(set_to_none=True)
     values = t.critic_values(full.input_ids, full.attention_mask, full.position_ids)
-    returns = scatter_turns(full.turn_returns, full.turn_ids) * full.response_mask  # return_h on each token of turn h
+    returns = scatter_turns(full.turn_returns, full.turn_ids) * full.response_mask  # return_h on turn h
     loss, _ = value_loss(values, full.values, returns, full.response_mask, t.cfg.critic.cliprange_value)
     loss.backward()
     grads = {n: p.grad.detach().clone() for n, p in t.critic.named_parameters()}

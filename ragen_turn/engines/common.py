@@ -11,8 +11,8 @@ from typing import Any, Dict, Tuple
 
 import torch
 
-from ragen_turn.algos import (adv_estimator_spec, get_adv_estimator_fn, num_turns, turn_start_values, turn_sums,
-                              turn_token_counts)
+from ragen_turn.algos import (adv_estimator_spec, get_adv_estimator_fn, num_turns, turn_start_values,
+                              turn_sums, turn_token_counts)
 from ragen_turn.config import FILTER_STRATEGIES, FilterSpec, kept_group_count
 from ragen_turn.rollout import Trajectory
 
@@ -170,9 +170,9 @@ def group_return_affine(R: torch.Tensor, groups: torch.Tensor, method: str,
 
 def compute_advantages(batch: Trajectory, cfg: Any) -> None:
     """The advantage step of every trainer: ``algorithm.adv_estimator`` from the registry on the
-    normalised turn rewards; sets ``batch.advantages`` ``[B, T]`` and the returns in the layout of the estimator's
-    critic: ``batch.returns`` ``[B, T]``, or ``batch.turn_returns`` ``[B, H]`` (turn GAE's return_h, as it gives
-    them) for a turn critic."""
+    normalised turn rewards; sets ``batch.advantages`` ``[B, T]`` and the returns in the layout of the
+    estimator's critic: ``batch.returns`` ``[B, T]``, or ``batch.turn_returns`` ``[B, H]`` (turn GAE's
+    return_h, as it gives them) for a turn critic."""
     name = cfg.algorithm.adv_estimator
     batch.advantages, returns = get_adv_estimator_fn(name)(
         turn_rewards=normalized_turn_rewards(batch, cfg), turn_mask=batch.turn_mask, turn_ids=batch.turn_ids,

@@ -63,7 +63,7 @@ class Trajectory:
     values: Optional[torch.Tensor] = None  # values[:, t] = V of the state just before token t
     bootstrap_values: Optional[torch.Tensor] = None  # [B] V after the last turn of truncated rows, 0 for finished ones
     advantages: Optional[torch.Tensor] = None
-    returns: Optional[torch.Tensor] = None  # token and no-critic estimators' returns (None for the turn critic)
+    returns: Optional[torch.Tensor] = None  # token / no-critic estimators' returns (None for the turn critic)
     # turn layout [B, H]
     turn_returns: Optional[torch.Tensor] = None  # return_h of a turn-critic estimator (turn GAE), per turn
     episodes: List[Episode] = field(default_factory=list)

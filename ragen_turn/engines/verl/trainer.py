@@ -43,7 +43,8 @@ from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 from verl.utils.debug import marked_timer
 from verl.utils.metric import reduce_metrics
 
-from ragen_turn.algos import check_turn_ids, place_turn_rewards, scatter_turns, turn_boundaries, turn_mask_from_ids
+from ragen_turn.algos import (check_turn_ids, place_turn_rewards, scatter_turns, turn_boundaries,
+                              turn_mask_from_ids)
 from ragen_turn.config import FilterSpec
 from ragen_turn.engines import checkpoints as ckpt
 from ragen_turn.engines.common import (advantage_metrics, compute_advantages, critic_targets, filter_rows,
@@ -251,8 +252,9 @@ class StarPOTrainer(RayPPOTrainer):
         compute_advantages(traj, self.rcfg)
         mask = batch.batch["response_mask"].float()
         batch.batch["advantages"] = traj.advantages.float() * mask
-        # verl's critic/returns/* metrics read token returns: a turn critic's return_h on every token of turn h
-        returns = traj.returns if traj.returns is not None else scatter_turns(traj.turn_returns, traj.turn_ids)
+        # verl's critic/returns/* metrics read token returns: a turn critic's return_h on each token of turn h
+        returns = traj.returns if traj.turn_returns is None else \
+            scatter_turns(traj.turn_returns, traj.turn_ids)
         batch.batch["returns"] = returns.float() * mask
         rewards = place_turn_rewards(normalized_turn_rewards(traj, self.rcfg), traj.turn_ids)
         batch.batch["token_level_scores"] = rewards
