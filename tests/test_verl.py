@@ -117,6 +117,7 @@ def test_registered_loss_equals_core_loss(name, seed):
     """Same tensors, same numbers (loss, gradient, metrics) as ragen_turn.algos, turns from response_mask runs."""
     from verl.trainer.ppo import core_algos
 
+    import ragen_turn.engines.verl.register  # noqa: F401  (ours in verl's registries, run alone too)
     from ragen_turn import algos
 
     mask, old, new, adv = random_turn_batch(seed, turn_constant=name.startswith("turn_ppo"))
@@ -171,6 +172,7 @@ def test_micro_batches_add_up_to_the_mini_batch_loss(name, agg, knobs):
     losses (and gradients) sum to the loss of the whole mini-batch (dual clip and per-row corrections too)."""
     from verl.trainer.ppo import core_algos
 
+    import ragen_turn.engines.verl.register  # noqa: F401  (ours in verl's registries, run alone too)
     from ragen_turn import algos
 
     mask, old, new, adv = random_turn_batch(5, B=8, turn_constant=name == "turn_ppo")
@@ -266,6 +268,7 @@ def _padded_td(response_mask, fields, model_out, cover=None, prompt_len=3):
 def test_turn_gae_estimator_equals_core_turn_gae():
     from verl.trainer.ppo import core_algos
 
+    import ragen_turn.engines.verl.register  # noqa: F401  (ours in verl's registries, run alone too)
     from ragen_turn import algos
 
     mask, _, _, _ = random_turn_batch(11)
