@@ -7,18 +7,37 @@ ones that read several keys.
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from importlib.util import find_spec
 from typing import Any, Dict, List
 
 from omegaconf import DictConfig, OmegaConf
 
+from ragen_turn.algos import ADV_ESTIMATOR_REGISTRY, adv_estimator_spec, bootstrapping_estimators
 from ragen_turn.schema import ConfigError, check_schema
 
 LOGGERS = ("console", "wandb")
 
-# the critic each advantage estimator reads (none: no critic is built)
-from ragen_turn.algos.advantages import CRITIC_LEVEL_OF  # noqa: E402  (the critic each estimator needs)
+
+def critic_level_of(adv_estimator: str) -> str:
+    """The critic ``adv_estimator`` reads (``none`` / ``token`` / ``turn``), on its registry entry: the value
+    of ``critic.level`` (``${critic_level:${algorithm.adv_estimator}}`` in config/base.yaml). An unknown name
+    gives ``none``: the schema reports it (``algorithm.adv_estimator``'s choices) before anything is built."""
+    name = str(adv_estimator)
+    return adv_estimator_spec(name).critic_level if name in ADV_ESTIMATOR_REGISTRY else "none"
+
+
+# keys the algo= group no longer has: (the value the estimator implies, what replaced the key)
+REMOVED_ALGO_KEYS = {
+    "trainer": (lambda spec: "turn" if spec.critic_level == "turn" else "starpo",
+                "one trainer runs every algorithm; the turn critic follows from algorithm.adv_estimator's "
+                "critic level (turn_gae: turn)"),
+    "critic_level": (lambda spec: spec.critic_level,
+                     "the critic level is algorithm.adv_estimator's (its registry entry, ragen_turn/algos); "
+                     "critic.level follows it"),
+}
+_noted: set = set()
 
 
 def kept_group_count(n_groups: int, ratio: float) -> int:
@@ -169,22 +188,42 @@ def validate_config(cfg: DictConfig) -> None:
 
 # ------------------------------------------------------------------------------------------------ cross-key checks
 # Each takes the config and returns its problems (``key=value: rule`` lines); validate_config runs them all.
-def _algorithm_pieces(cfg: DictConfig) -> List[str]:
-    adv, level, trainer = cfg.algorithm.adv_estimator, cfg.critic.level, cfg.algo.trainer
+def check_removed_algo_keys(cfg: DictConfig) -> List[str]:
+    """An old config's ``algo`` keys that are gone (:data:`REMOVED_ALGO_KEYS`): a value that agrees with
+    ``algorithm.adv_estimator``'s registry entry is ignored with a one-line note (an old run's config.yaml
+    still loads); one that does not is a problem naming what replaced the key."""
+    spec = adv_estimator_spec(cfg.algorithm.adv_estimator)
     out = []
-    needs = CRITIC_LEVEL_OF.get(adv)
-    if needs is not None and level != needs:
-        out.append(f"critic.level={level}: algorithm.adv_estimator={adv} needs critic.level={needs}")
-    if (trainer == "turn") != (adv == "turn_gae"):
-        out.append(f"algo.trainer={trainer}: with algorithm.adv_estimator={adv} it must be "
-                   f"{'turn' if adv == 'turn_gae' else 'starpo'} (the turn trainer is the turn critic + turn GAE)")
+    for name, (implied, replaced_by) in REMOVED_ALGO_KEYS.items():
+        value = cfg.algo.get(name)
+        if value is None:
+            continue
+        where = f"algo.{name}={value}"
+        if str(value) != implied(spec):
+            out.append(f"{where}: this key was removed and {replaced_by}; with algorithm.adv_estimator="
+                       f"{cfg.algorithm.adv_estimator} it would be {implied(spec)}: delete the key (and pick "
+                       f"the algo= whose estimator you want)")
+        elif where not in _noted:
+            _noted.add(where)
+            print(f"[config] note: {where} is ignored (removed: {replaced_by}); delete the key",
+                  file=sys.stderr)
+    return out
+
+
+def _algorithm_pieces(cfg: DictConfig) -> List[str]:
+    adv, level = cfg.algorithm.adv_estimator, cfg.critic.level
+    spec = adv_estimator_spec(adv)  # the schema has checked that adv is registered
+    out = check_removed_algo_keys(cfg)
+    if level != spec.critic_level:
+        out.append(f"critic.level={level}: algorithm.adv_estimator={adv} needs "
+                   f"critic.level={spec.critic_level}")
     try:
         _check_policy_loss(cfg)
     except ValueError as e:
         out.append(str(e))
-    if cfg.algorithm.bootstrap_truncated and adv not in ("token_gae", "turn_gae"):
-        out.append(f"algorithm.bootstrap_truncated=true: needs a critic's GAE (adv_estimator token_gae or "
-                   f"turn_gae), got algorithm.adv_estimator={adv}")
+    if cfg.algorithm.bootstrap_truncated and not spec.bootstraps:
+        out.append(f"algorithm.bootstrap_truncated=true: needs a critic's GAE (adv_estimator "
+                   f"{' or '.join(bootstrapping_estimators())}), got algorithm.adv_estimator={adv}")
     if cfg.critic.shared_backbone and level != "none" and \
             cfg.critic.ppo_epochs != cfg.actor_rollout_ref.actor.ppo_epochs:
         out.append(f"critic.ppo_epochs={cfg.critic.ppo_epochs}: critic.shared_backbone=true trains the critic inside "
@@ -204,9 +243,9 @@ def _algorithm_pieces(cfg: DictConfig) -> List[str]:
                              else a.step_scale)):
             if value is not None:
                 out.append(f"{name}={value}: engine=local only (set it to null for engine={cfg.engine.name})")
-    if adv == "grpo" and cfg.es_manager.train.group_size < 2:
-        out.append(f"es_manager.train.group_size={cfg.es_manager.train.group_size}: grpo needs >= 2 "
-                   "(its baseline is the group mean)")
+    if cfg.es_manager.train.group_size < spec.min_group_size:
+        out.append(f"es_manager.train.group_size={cfg.es_manager.train.group_size}: {adv} needs >= "
+                   f"{spec.min_group_size} (its baseline is the group mean)")
     return out
 
 

@@ -65,7 +65,7 @@ def _noop_if(key: str, ok: Callable[[Any], bool], msg: str):
 
 
 # ---------------------------------------------------------------- the handlers that need more than a rename
-# the algo= that carries each advantage estimator (its critic and trainer), for the message that names it
+# the algo= that carries each advantage estimator (with its critic), for the message that names it
 ALGO_OF_ADV = {"token_gae": "token_ppo", "bi_level_gae": "bi_level_gae", "grpo": "grpo", "turn_gae": "turn_ppo"}
 
 
@@ -80,15 +80,22 @@ def _adv_estimator(v, given, cfg):
     want = ALGO_OF_ADV.get(adv)
     if own is not None and want is not None and adv != own and _critic_of(adv) != _critic_of(str(own)):
         others = ", ".join(f"algo={a} ({e})" for e, a in ALGO_OF_ADV.items() if a not in (want, algo))
-        _stop(f"algorithm.adv_estimator={v}", f"algo={algo} trains with {own} (its own critic and trainer); for "
-              f"{adv} use algo={want} (or {others}), e.g. bash train.sh <env> {want}")
+        _stop(f"algorithm.adv_estimator={v}", f"algo={algo} trains with {own} ({_critic_words(str(own))}); for "
+              f"{adv} ({_critic_words(adv)}) use algo={want} (or {others}), e.g. bash train.sh <env> {want}")
     return {"algorithm.adv_estimator": adv}
 
 
-def _critic_of(adv: str) -> str:
-    from ragen_turn.algos.advantages import CRITIC_LEVEL_OF
+def _critic_words(adv: str) -> str:
+    """``no critic`` / ``a token critic`` / ``a turn critic``: what ``adv``'s registry entry needs."""
+    level = _critic_of(adv)
+    return "no critic" if level == "none" else f"a {level} critic"
 
-    return CRITIC_LEVEL_OF.get(adv, "?")
+
+def _critic_of(adv: str) -> str:
+    """The critic level on ``adv``'s registry entry (``?`` for a name not registered)."""
+    from ragen_turn.algos import ADV_ESTIMATOR_REGISTRY, adv_estimator_spec
+
+    return adv_estimator_spec(adv).critic_level if adv in ADV_ESTIMATOR_REGISTRY else "?"
 
 
 def _bi_level_gae(v, given, cfg):

@@ -19,6 +19,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from ragen_turn import schema
+from ragen_turn.config import critic_level_of
 from ragen_turn.preflight import CONFIG_ERRORS, exit_code, watch
 
 CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "config")
@@ -27,6 +28,10 @@ schema.register()  # config/base.yaml's first default: the typed schema, enforce
 # ${mul:a,b}: products in configs (e.g. the critic lr as a multiple of the actor's in sweep=critic_lr)
 if not OmegaConf.has_resolver("mul"):
     OmegaConf.register_new_resolver("mul", lambda *xs: math.prod(float(x) for x in xs))
+
+# ${critic_level:<estimator>}: critic.level, the critic the advantage estimator's registry entry names
+if not OmegaConf.has_resolver("critic_level"):
+    OmegaConf.register_new_resolver("critic_level", lambda adv: critic_level_of(adv))
 
 # the override_dirname of a config composed outside a Hydra app (compose_config), read by ${run_overrides:}
 _COMPOSED_OVERRIDES: contextvars.ContextVar[str | None] = contextvars.ContextVar("composed_overrides", default=None)

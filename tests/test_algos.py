@@ -30,6 +30,7 @@ from ragen_turn.algos import (
     value_loss,
 )
 from ragen_turn.algos.losses import PPOTerms, ppo_objective
+from ragen_turn.algos.registry import Registry
 
 from reference import (
     random_batch,
@@ -230,6 +231,49 @@ def test_registry_names():
         assert callable(get_policy_loss_fn(name))
     with pytest.raises(ValueError, match="unknown policy loss"):
         get_policy_loss_fn("nope")
+
+
+def test_registry_entries_carry_each_algorithms_properties():
+    """The facts the config checks and the engines read, on the entries (by hand, from the papers)."""
+    from ragen_turn.algos import EstimatorSpec, adv_estimator_spec, bootstrapping_estimators
+
+    names = ["grpo", "token_gae", "bi_level_gae", "turn_gae"]
+    specs = {n: adv_estimator_spec(n) for n in names}
+    assert {n: (s.critic_level, s.bootstraps, s.min_group_size) for n, s in specs.items()} == {
+        "grpo": ("none", False, 2), "token_gae": ("token", True, 1), "bi_level_gae": ("token", False, 1),
+        "turn_gae": ("turn", True, 1)}
+    assert bootstrapping_estimators() == ["token_gae", "turn_gae"]
+    with pytest.raises(ValueError, match="unknown advantage estimator 'nope'"):
+        adv_estimator_spec("nope")
+    reg = Registry("advantage estimator", EstimatorSpec)  # a new entry must say what it needs
+    with pytest.raises(TypeError, match="critic_level"):
+        reg.register("x", bootstraps=False)
+    with pytest.raises(ValueError, match="critic_level must be one of"):
+        reg.register("x", critic_level="state", bootstraps=False)
+    with pytest.raises(ValueError, match="no value to bootstrap"):
+        reg.register("x", critic_level="none", bootstraps=True)
+    with pytest.raises(TypeError, match="takes no properties"):
+        Registry("thing").register("x", unit="token")
+
+
+@pytest.mark.parametrize("name", ALL_LOSSES)
+def test_a_losss_unit_and_default_aggregation_are_its_entrys(name):
+    """``unit`` on the entry is what its builder makes (one unit per turn or per token), and with no
+    ``loss_agg_mode`` the loss is the one at the entry's ``default_agg``."""
+    from ragen_turn.algos import loss_settings, policy_loss_spec
+
+    spec = policy_loss_spec(name)
+    old, logp, adv, mask = _loss_inputs(3)
+    fn = get_policy_loss_fn(name)
+    units = fn.build_units(old, logp, adv, mask, None, loss_settings({}), None, None, None)
+    H = int(units.turn_ids.max()) + 1
+    assert units.terms.ratio.shape[1] == (H if spec.unit == "turn" else mask.shape[1])
+    assert spec.forces_clip_bias == (name in ("s_ppo", "st_ppo"))
+    loss, _ = fn(old, logp, adv, mask, None, {})
+    loss_at_default, _ = fn(old, logp, adv, mask, spec.default_agg, {})
+    other = "seq-mean-token-mean" if spec.unit == "token" else "seq-mean-turn-sum-token-norm"
+    loss_other, _ = fn(old, logp, adv, mask, other, {})
+    assert torch.equal(loss, loss_at_default) and not torch.allclose(loss, loss_other)
 
 
 # ------------------------------------------------------------------------------------------ losses

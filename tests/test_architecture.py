@@ -199,3 +199,45 @@ def test_checker_sees_violations(tmp_path):
     probe.write_text(src)
     parsed = imports_of("ragen_turn.algos.probe", probe, known)  # as if it were ragen_turn/algos/probe.py
     assert parsed == {"ragen_turn.engines.common", "ragen_turn.algos.turns"}
+
+
+def _doc_blocks(lang: str) -> List[str]:
+    text = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
+    part = text[text.index("## A new algorithm = one registry entry + one YAML"):]
+    return re.findall(rf"```{lang}\n(.*?)```", part, flags=re.S)
+
+
+def test_a_new_algorithm_is_one_registry_entry_and_one_yaml(tmp_path):
+    """ARCHITECTURE.md's worked example, run: its registry entry (exec'd in ``algos/advantages.py``'s
+    namespace) and its YAML (as ``algo/rloo.yaml`` on Hydra's search path) train-check with no other edit:
+    the critic level, the group-size and bootstrap checks all follow from the entry."""
+    import torch
+
+    from ragen_turn.algos import ADV_ESTIMATOR_REGISTRY, adv_estimator_spec, advantages
+    from ragen_turn.config import validate_config
+    from helpers import micro_config
+
+    (code,), (yaml_text,) = _doc_blocks("python"), _doc_blocks("yaml")
+    (tmp_path / "algo").mkdir()
+    (tmp_path / "algo" / "rloo.yaml").write_text(yaml_text)
+    assert "rloo" not in ADV_ESTIMATOR_REGISTRY
+    exec(code, dict(vars(advantages)))
+    try:
+        assert adv_estimator_spec("rloo").critic_level == "none"
+        fn = ADV_ESTIMATOR_REGISTRY["rloo"]
+        rewards = torch.tensor([[1.0], [0.0], [2.0], [3.0], [5.0]])  # by hand: minus the others' mean
+        adv, ret = fn(turn_rewards=rewards, turn_mask=torch.ones(5, 1),
+                      turn_ids=torch.zeros(5, 2, dtype=torch.long), response_mask=torch.ones(5, 2),
+                      group_ids=torch.tensor([0, 0, 0, 1, 1]), values=None, config={})
+        assert torch.allclose(adv[:, 0], torch.tensor([0.0, -1.5, 1.5, -2.0, 2.0])) and torch.equal(adv, ret)
+        search = f"hydra.searchpath=[file://{tmp_path}]"
+        cfg = micro_config([search, "algo=rloo"])
+        assert cfg.algorithm.adv_estimator == "rloo" and cfg.critic.level == "none"
+        validate_config(cfg)
+        one_per_group = ["es_manager.train.group_size=1", "ppo_mini_batch_size=1"]
+        for bad, key in ((one_per_group, "es_manager.train.group_size=1: rloo needs >= 2"),
+                         (["algorithm.bootstrap_truncated=true"], "algorithm.bootstrap_truncated")):
+            with pytest.raises(ValueError, match=key):
+                validate_config(micro_config([search, "algo=rloo", *bad]))
+    finally:
+        ADV_ESTIMATOR_REGISTRY.pop("rloo", None)

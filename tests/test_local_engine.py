@@ -9,7 +9,7 @@ import torch
 from omegaconf import open_dict
 
 from ragen_turn.config import validate_config
-from ragen_turn.engines.local.trainer import StarPOTrainer, TurnPPOTrainer, build_trainer, warmup_lr_factor
+from ragen_turn.engines.local.trainer import StarPOTrainer, build_trainer, warmup_lr_factor
 from ragen_turn.warmstart import collect_demonstrations
 
 from helpers import TEST_DEVICE, micro_config
@@ -42,7 +42,8 @@ def mixed_policy(tok):
 def test_every_algo_runs_two_steps(algo, tmp_path):
     cfg = micro_config([f"algo={algo}"], run_dir=tmp_path)
     trainer = build_trainer(cfg, log=_quiet)
-    assert isinstance(trainer, TurnPPOTrainer if cfg.algo.trainer == "turn" else StarPOTrainer)
+    assert type(trainer) is StarPOTrainer  # one trainer; the critic follows the estimator
+    assert (trainer.critic is None) == (cfg.critic.level == "none")
     trainer.sampler = mixed_policy(trainer.tokenizer)  # reward variance even for an untrained model
     before = [p.detach().clone() for p in trainer.actor.parameters()]
     last = trainer.fit()
@@ -67,14 +68,16 @@ def test_turn_critic_reads_values_at_turn_starts(tmp_path):
     tr = build_trainer(cfg, log=_quiet)
     batch = tr.rollout(0)
     tr.score(batch)
-    tr.compute_advantages(batch)  # also the turn critic's targets: V(s_h) and return_h [B, H]
+    tr.compute_advantages(batch)
+    turn_values, _, mask = tr.value_targets(batch)  # the turn critic's targets: V(s_h) and return_h [B, H]
+    assert turn_values.shape == mask.shape == batch.turn_mask.shape
     # V(s_h) must be the critic's output at the last token of s_h (one before the turn's first token)
     raw = tr._forward_all(lambda ids, am, pos, rm: tr.critic(ids, am, pos), batch)
     for b in range(batch.batch_size):
         starts = [t for t in range(batch.input_ids.shape[1]) if batch.response_mask[b, t] == 1 and
                   (t == 0 or batch.response_mask[b, t - 1] == 0)]
         for h, t in enumerate(starts):
-            assert batch.turn_values[b, h].item() == pytest.approx(raw[b, t - 1].item(), abs=1e-6)
+            assert turn_values[b, h].item() == pytest.approx(raw[b, t - 1].item(), abs=1e-6)
 
 
 def test_scoring_in_length_sorted_micro_batches_keeps_each_rows_numbers(tmp_path):
@@ -209,7 +212,7 @@ def test_bootstrap_truncated_reads_the_value_after_the_last_token(algo, tmp_path
     """Episodes cut by the turn limit bootstrap from the critic's value after their last token; finished ones
     (the solver's one-turn episodes) do not; the advantages are the GAE with those last values."""
     from ragen_turn.algos import get_adv_estimator_fn
-    from ragen_turn.engines.common import normalized_turn_rewards
+    from ragen_turn.engines.common import critic_targets, normalized_turn_rewards
 
     runs = {}
     for boot in (False, True):
@@ -241,8 +244,9 @@ def test_bootstrap_truncated_reads_the_value_after_the_last_token(algo, tmp_path
     assert torch.allclose(batch.advantages, adv)
     off = runs[False][1]
     assert off.bootstrap_values is None
-    assert not torch.allclose(off.returns, batch.returns)  # the bootstrap changed the targets of truncated rows
-    rows_equal = [torch.allclose(off.returns[b], batch.returns[b]) for b in range(batch.batch_size)]
+    targets = {k: critic_targets(x, cfg.critic.level)[2] for k, x in (("off", off), ("on", batch))}
+    assert not torch.allclose(targets["off"], targets["on"])  # the bootstrap changed truncated rows' targets
+    rows_equal = [torch.allclose(targets["off"][b], targets["on"][b]) for b in range(batch.batch_size)]
     assert all(eq for eq, t in zip(rows_equal, truncated.tolist()) if not t)  # finished rows keep their returns
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,6 +15,8 @@ from ragen_turn.config import kept_batch_size, validate_config
 from ragen_turn.engines import common, runlog
 
 from helpers import micro_config
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _batch(B=6, H=3, seed=0):
@@ -54,11 +57,16 @@ def test_every_registered_estimator_has_the_one_signature():
 
 @pytest.mark.parametrize("name", ["grpo", "token_gae", "bi_level_gae", "turn_gae"])
 def test_registry_dispatch_gives_token_layout_zero_off_the_response(name):
+    """Advantages on tokens; returns in the layout of the estimator's critic (per turn: the turn critic)."""
     batch = _batch()
     adv, ret = algos.get_adv_estimator_fn(name)(**_inputs(batch), config={"gamma": 0.9, "lam": 0.8})
-    assert adv.shape == ret.shape == batch.response_mask.shape
+    assert adv.shape == batch.response_mask.shape
     off = batch.response_mask == 0
-    assert torch.all(adv[off] == 0) and torch.all(ret[off] == 0)
+    assert torch.all(adv[off] == 0)
+    if algos.adv_estimator_spec(name).critic_level == "turn":
+        assert ret.shape == batch.turn_mask.shape and torch.all(ret[batch.turn_mask == 0] == 0)
+    else:
+        assert ret.shape == batch.response_mask.shape and torch.all(ret[off] == 0)
     assert torch.isfinite(adv).all() and adv[~off].abs().sum() > 0
 
 
@@ -81,27 +89,62 @@ def test_turn_gae_estimator_is_turn_gae_over_values_at_turn_starts():
         for h in range(n):
             on = tids == h
             assert torch.allclose(adv[b][on], torch.tensor(expect[h]), atol=1e-5)
-            assert torch.allclose(ret[b][on], torch.tensor(expect[h] + v[h]), atol=1e-5)
+            assert ret[b, h].item() == pytest.approx(expect[h] + v[h], abs=1e-5)  # return_h, per turn
 
 
 def test_turn_critic_targets_are_the_turn_returns_at_turn_starts():
     cfg = micro_config(["algo=turn_ppo"])
     batch = _batch(seed=5)
     common.compute_advantages(batch, cfg)
-    common.turn_critic_targets(batch)
+    mask, old, returns = common.critic_targets(batch, "turn")
+    assert batch.returns is None and returns is batch.turn_returns  # as turn GAE gave them: no read-back
     H = batch.turn_mask.shape[1]
     tvals = algos.turn_start_values(batch.values, batch.turn_ids, H)
     _, turn_ret = algos.compute_turn_gae(common.normalized_turn_rewards(batch, cfg), tvals, batch.turn_mask,
                                          cfg.algorithm.gamma, cfg.algorithm.lam)
-    assert torch.equal(batch.turn_values, tvals)
-    assert torch.allclose(batch.turn_returns, turn_ret, atol=1e-6)
+    assert torch.equal(mask, batch.turn_mask) and torch.equal(old, tvals)
+    assert torch.allclose(returns, turn_ret, atol=1e-6)
+    # fresh values are read in the same layout; the token critic's targets are the tokens' own
+    assert torch.equal(common.critic_values(batch.values, batch, "turn"), tvals)
+    common.compute_advantages(batch, micro_config(["algo=token_ppo"]))
+    assert batch.turn_returns is None
+    mask, old, returns = common.critic_targets(batch, "token")
+    assert mask is batch.response_mask and old is batch.values and returns is batch.returns
+    with pytest.raises(ValueError, match="critic.level=none"):
+        common.critic_targets(batch, "none")
 
 
-@pytest.mark.parametrize("algo,trainer", [("turn_is", "turn"), ("st_ppo", "turn"), ("turn_ppo", "starpo")])
-def test_the_turn_trainer_is_exactly_turn_critic_plus_turn_gae(algo, trainer):
-    cfg = micro_config([f"algo={algo}", f"algo.trainer={trainer}"])
-    with pytest.raises(ValueError, match="algo.trainer"):
+@pytest.mark.parametrize("algo,key,value,fine", [
+    ("turn_ppo", "trainer", "turn", True), ("turn_ppo", "critic_level", "turn", True),
+    ("token_ppo", "trainer", "starpo", True), ("grpo", "critic_level", "none", True),
+    ("turn_is", "trainer", "turn", False), ("st_ppo", "trainer", "turn", False),
+    ("turn_ppo", "trainer", "starpo", False),
+    ("turn_ppo", "critic_level", "token", False), ("grpo", "critic_level", "token", False)])
+def test_removed_algo_keys_are_ignored_when_they_agree_and_stop_when_not(algo, key, value, fine, capsys):
+    """An old config's algo keys (the trainer class, the critic level) compose still: a value the estimator's
+    registry entry implies is ignored with a note naming what replaced the key; another one stops with that
+    message."""
+    from ragen_turn import config as config_mod
+
+    config_mod._noted.clear()
+    cfg = micro_config([f"algo={algo}", f"algo.{key}={value}"])
+    if fine:
         validate_config(cfg)
+        validate_config(cfg)
+        err = capsys.readouterr().err
+        assert err.count(f"algo.{key}={value} is ignored (removed:") == 1, err  # one note per process
+        assert "algorithm.adv_estimator" in err
+    else:
+        with pytest.raises(ValueError, match=rf"algo\.{key}={value}: this key was removed and .*"
+                                             rf"algorithm.adv_estimator={cfg.algorithm.adv_estimator}"):
+            validate_config(cfg)
+
+
+@pytest.mark.parametrize("algo", ["grpo", "token_ppo", "bi_level_gae", "turn_ppo", "st_ppo", "so_grpo"])
+def test_the_critic_level_is_the_estimators_registry_entry(algo):
+    cfg = micro_config([f"algo={algo}"])
+    assert cfg.critic.level == algos.adv_estimator_spec(cfg.algorithm.adv_estimator).critic_level
+    assert "critic_level" not in (REPO / "config" / "algo" / f"{algo}.yaml").read_text()
 
 
 def test_kept_batch_size_is_what_the_filter_keeps():

@@ -117,6 +117,7 @@ def test_registered_loss_equals_core_loss(name, seed):
     """Same tensors, same numbers (loss, gradient, metrics) as ragen_turn.algos, turns from response_mask runs."""
     from verl.trainer.ppo import core_algos
 
+    import ragen_turn.engines.verl.register  # noqa: F401  (ours in verl's registries, run alone too)
     from ragen_turn import algos
 
     mask, old, new, adv = random_turn_batch(seed, turn_constant=name.startswith("turn_ppo"))
@@ -171,6 +172,7 @@ def test_micro_batches_add_up_to_the_mini_batch_loss(name, agg, knobs):
     losses (and gradients) sum to the loss of the whole mini-batch (dual clip and per-row corrections too)."""
     from verl.trainer.ppo import core_algos
 
+    import ragen_turn.engines.verl.register  # noqa: F401  (ours in verl's registries, run alone too)
     from ragen_turn import algos
 
     mask, old, new, adv = random_turn_batch(5, B=8, turn_constant=name == "turn_ppo")
@@ -266,6 +268,7 @@ def _padded_td(response_mask, fields, model_out, cover=None, prompt_len=3):
 def test_turn_gae_estimator_equals_core_turn_gae():
     from verl.trainer.ppo import core_algos
 
+    import ragen_turn.engines.verl.register  # noqa: F401  (ours in verl's registries, run alone too)
     from ragen_turn import algos
 
     mask, _, _, _ = random_turn_batch(11)
@@ -808,15 +811,16 @@ def test_agent_loop_rejects_a_prompt_longer_than_verls_prompt_length(model_dir):
 # trainer pieces that run on CPU
 # ------------------------------------------------------------------------------------------------
 @needs_verl
-def test_trainer_classes_subclass_verls_ray_ppo_trainer():
+def test_trainer_class_subclasses_verls_ray_ppo_trainer():
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
+    import ragen_turn.engines.verl.trainer as vt
     from ragen_turn.engines import common
-    from ragen_turn.engines.verl.trainer import TRAINERS, StarPOTrainer, TurnPPOTrainer
 
-    assert issubclass(StarPOTrainer, RayPPOTrainer) and issubclass(TurnPPOTrainer, StarPOTrainer)
-    assert TurnPPOTrainer.critic_targets is common.turn_critic_targets
-    assert StarPOTrainer.critic_targets is not common.turn_critic_targets and set(TRAINERS) == {"starpo", "turn"}
+    assert issubclass(vt.StarPOTrainer, RayPPOTrainer)
+    # one trainer for every algorithm: the turn critic is critic_batch on common.critic_targets
+    assert not hasattr(vt, "TurnPPOTrainer") and not hasattr(vt, "TRAINERS")
+    assert vt.critic_targets is common.critic_targets
 
 
 @needs_verl
@@ -904,8 +908,9 @@ def test_minibatch_turn_counts_follow_verls_dispatch_and_minibatching():
 @pytest.mark.parametrize("algo", ["turn_ppo", "token_ppo", "grpo"])
 def test_verl_advantages_equal_the_local_engines(model_dir, algo):
     """Advantages on the verl layout (response coordinates) == the local engine's on its own layout."""
+    from ragen_turn import algos
     from ragen_turn.engines import common
-    from ragen_turn.engines.verl.trainer import TRAINERS, critic_batch, to_trajectory
+    from ragen_turn.engines.verl.trainer import StarPOTrainer, critic_batch, to_trajectory
     from ragen_turn.rollout import Trajectory
     from ragen_turn.rollout.trajectory import Episode
 
@@ -918,8 +923,7 @@ def test_verl_advantages_equal_the_local_engines(model_dir, algo):
     values = torch.randn(B, R, generator=g)
     out.batch["values"] = values
 
-    cls = TRAINERS[vcfg.ragen.algo.trainer]
-    t = cls.__new__(cls)
+    t = StarPOTrainer.__new__(StarPOTrainer)
     t.rcfg = vcfg.ragen
     traj = to_trajectory(out)
     t.compute_advantages(out, traj)
@@ -943,18 +947,21 @@ def test_verl_advantages_equal_the_local_engines(model_dir, algo):
         full.values[i, p_len: p_len + r_len] = values[i, :r_len]
     full.values = full.values * full.response_mask
     common.compute_advantages(full, cfg)  # the same functions on the local engine's full-row layout
-    cls.critic_targets(full)
+    full_returns = full.returns if cfg.critic.level != "turn" else \
+        algos.scatter_turns(full.turn_returns, full.turn_ids) * full.response_mask  # verl's token layout
     for i in range(B):
         p_len = int(out.batch["attention_mask"][i][:P].sum())
         r_len = int(out.batch["attention_mask"][i][P:].sum())
         assert torch.allclose(out.batch["advantages"][i, :r_len], full.advantages[i, p_len: p_len + r_len], atol=1e-5)
-        assert torch.allclose(out.batch["returns"][i, :r_len], full.returns[i, p_len: p_len + r_len], atol=1e-5)
+        assert torch.allclose(out.batch["returns"][i, :r_len], full_returns[i, p_len: p_len + r_len],
+                              atol=1e-5)
     if cfg.critic.level == "turn":
         cb = critic_batch(out, traj, "turn")
         rm = cb.batch["response_mask"].float()
         assert torch.equal(rm.sum(1), traj.turn_mask.sum(1))  # one position per turn: its first token
-        assert torch.allclose((cb.batch["returns"] * rm).sum(1), traj.turn_returns.sum(1), atol=1e-5)
-        assert torch.allclose(full.turn_returns, traj.turn_returns, atol=1e-5)
+        _, _, turn_returns = common.critic_targets(traj, "turn")
+        assert torch.allclose((cb.batch["returns"] * rm).sum(1), turn_returns.sum(1), atol=1e-5)
+        assert torch.allclose(common.critic_targets(full, "turn")[2], turn_returns, atol=1e-5)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -1068,7 +1075,7 @@ def _trainer_with_fake_workers(model_dir, tmp_path, algo, *overrides):
     from verl.trainer.ppo.utils import Role
     from verl.utils.config import omega_conf_to_dataclass
 
-    from ragen_turn.engines.verl.trainer import TRAINERS
+    from ragen_turn.engines.verl.trainer import StarPOTrainer as cls
 
     _, vcfg = verl_cfg(model_dir, f"algo={algo}", "agent_proxy.max_turn=3", "actor_rollout_ref.rollout.response_length=12",
                        "es_manager.train.env_groups=4", "es_manager.train.group_size=2",
@@ -1076,7 +1083,6 @@ def _trainer_with_fake_workers(model_dir, tmp_path, algo, *overrides):
                        "trainer.total_training_steps=2", "trainer.save_freq=1", "trainer.test_freq=2",
                        f"trainer.default_local_dir={tmp_path}", "es_manager.val.env_groups=2",
                        "engine.verl.agent_num_workers=8", "trainer.log_val_generations=1", *overrides)
-    cls = TRAINERS[vcfg.ragen.algo.trainer]
     tok = omega_conf_to_dataclass(vcfg.actor_rollout_ref.model).tokenizer
     t = cls(config=vcfg, tokenizer=tok, role_worker_mapping={Role.ActorRollout: object},
             resource_pool_manager=FakePools(), ray_worker_group_cls=object)

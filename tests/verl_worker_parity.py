@@ -220,11 +220,12 @@ def run_local(cfg, verl_out, path: Path):
 
 def all_token_critic_grads(t, full) -> dict:
     """Control: the critic's gradient had it trained on every response token (the turn returns on each)."""
-    from ragen_turn.algos import value_loss
+    from ragen_turn.algos import scatter_turns, value_loss
 
     t.critic.zero_grad(set_to_none=True)
     values = t.critic_values(full.input_ids, full.attention_mask, full.position_ids)
-    loss, _ = value_loss(values, full.values, full.returns, full.response_mask, t.cfg.critic.cliprange_value)
+    returns = scatter_turns(full.turn_returns, full.turn_ids) * full.response_mask  # return_h on turn h
+    loss, _ = value_loss(values, full.values, returns, full.response_mask, t.cfg.critic.cliprange_value)
     loss.backward()
     grads = {n: p.grad.detach().clone() for n, p in t.critic.named_parameters()}
     t.critic.zero_grad(set_to_none=True)
@@ -257,7 +258,14 @@ def _critic_name(n: str) -> str:
 
 
 def compare(v: dict, loc: dict) -> dict:
+    from ragen_turn.algos import scatter_turns
+
     batch, full, spans = v["batch"], loc["traj"], loc["spans"]
+    # verl keeps token returns; a turn critic's return_h (local: per turn) goes on each token of turn h
+    token_returns = full.returns if full.turn_returns is None else \
+        scatter_turns(full.turn_returns, full.turn_ids) * full.response_mask
+    local = {"old_logp": full.old_logp, "values": full.values, "advantages": full.advantages,
+             "returns": token_returns}
     res = {}
     for key, lkey in (("old_log_probs", "old_logp"), ("values", "values"), ("advantages", "advantages"),
                       ("returns", "returns")):
@@ -267,7 +275,7 @@ def compare(v: dict, loc: dict) -> dict:
         for i, (p_len, r_len) in enumerate(spans):
             mask = batch.batch["response_mask"][i, :r_len].bool()
             a = batch.batch[key][i, :r_len][mask]
-            b = getattr(full, lkey)[i, p_len: p_len + r_len][mask]
+            b = local[lkey][i, p_len: p_len + r_len][mask]
             worst = max(worst, float((a.float() - b.float()).abs().max()))
         res[f"{key}_max_abs_diff"] = worst
     am, lm = v["actor_metrics"], loc["metrics"]

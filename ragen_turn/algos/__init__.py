@@ -3,15 +3,19 @@
 - :mod:`.turns`: response mask -> turn ids, turn boundaries, gather/scatter per turn.
 - :mod:`.advantages`: ``grpo``, ``token_gae``, ``turn_gae``, ``bi_level_gae`` (registry by name, one
   keyword signature: ``get_adv_estimator_fn(name)(turn_rewards=, turn_mask=, turn_ids=, response_mask=,
-  group_ids=, values=, config=) -> (advantages, returns)``).
+  group_ids=, values=, config=) -> (advantages, returns)``; ``adv_estimator_spec(name)``: the critic it reads,
+  bootstrapping, group size).
 - :mod:`.losses`: ``token_ppo``, ``turn_ppo``, ``turn_ppo_geo``, ``turn_is``, ``s_ppo``, ``st_ppo``
   (registry by name, verl's argument order, dual clip, the clipping-bias correction in SPEC's ``mass`` and
   SORL's ``rms`` readings), ``value_loss``, ``kl_penalty``; :class:`GlobalCounts` makes micro-batch losses add
-  up to the mini-batch's.
+  up to the mini-batch's; ``policy_loss_spec(name)``: its unit and default aggregation.
+- :mod:`.registry`: the registries and the properties on their entries (``EstimatorSpec``, ``LossSpec``).
 """
 from .advantages import (
     ADV_ESTIMATOR_REGISTRY,
+    adv_estimator_spec,
     bi_level_gae_advantage,
+    bootstrapping_estimators,
     compute_bi_level_gae,
     compute_grpo_advantages,
     compute_token_gae,
@@ -38,9 +42,11 @@ from .losses import (
     minibatch_clip_stats,
     needs_minibatch_stats,
     policy_loss,
+    policy_loss_spec,
     register_policy_loss,
     value_loss,
 )
+from .registry import CRITIC_LEVELS, DEFAULT_AGG, EstimatorSpec, LossSpec
 from .turns import (
     check_turn_ids,
     gather_turns,

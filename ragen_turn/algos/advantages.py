@@ -8,6 +8,10 @@ signature, so a trainer dispatches with ``get_adv_estimator_fn(name)(**inputs)``
                              group_ids=[B], values=[B, T] or None, config=algorithm config,
                              bootstrap_values=[B] or None)
 
+``advantages`` are ``[B, T]`` (0 off the response); ``returns`` are the critic's targets in the layout of the
+estimator's critic (its registry entry's ``critic_level``): ``[B, T]`` for ``none`` / ``token``, the turn
+returns ``[B, H]`` (0 where ``turn_mask`` is 0) for ``turn``.
+
 ``bootstrap_values`` (``algorithm.bootstrap_truncated``): V of the state after each row's last turn for
 rows cut by the context window or the turn / action budget (0 for finished rows); the GAE estimators use it
 as the value after the last turn instead of 0.
@@ -24,7 +28,7 @@ from typing import Any, Optional
 
 from .checks import check_finite, check_mask, check_ndim, check_same_shape, check_unit_interval
 from .losses import cfg_get
-from .registry import Registry
+from .registry import EstimatorSpec, Registry
 from .turns import (
     compact_rows,
     place_turn_rewards,
@@ -36,11 +40,11 @@ from .turns import (
     uncompact_rows,
 )
 
-ADV_ESTIMATOR_REGISTRY = Registry("advantage estimator")
-# the critic each estimator needs (none: GRPO's group baseline; token: V at every response token; turn: V(s_h))
-CRITIC_LEVEL_OF = {"grpo": "none", "token_gae": "token", "bi_level_gae": "token", "turn_gae": "turn"}
-register_adv_est = ADV_ESTIMATOR_REGISTRY.register  # decorator: register an estimator under a name
+# each entry carries its EstimatorSpec (the critic it reads, bootstrapping, group size): registry.py
+ADV_ESTIMATOR_REGISTRY = Registry("advantage estimator", EstimatorSpec)
+register_adv_est = ADV_ESTIMATOR_REGISTRY.register  # register_adv_est(name, critic_level=, bootstraps=, ...)
 get_adv_estimator_fn = ADV_ESTIMATOR_REGISTRY.lookup
+adv_estimator_spec = ADV_ESTIMATOR_REGISTRY.spec  # name -> EstimatorSpec
 
 
 # --------------------------------------------------------------------------------------------
@@ -309,20 +313,20 @@ def _turn_rows(turn_ids: torch.Tensor, H: int, *xs: torch.Tensor):
 # config keys (the ``algorithm`` section; a dict or an object with attributes): gamma, lam (1.0, as verl),
 # high_level_gamma (0.95, RAGEN's), norm_adv (whiten: over tokens for token estimators, over turns for
 # turn_gae; default true), norm_adv_by_std_in_grpo (true).
-@register_adv_est("grpo")
+@register_adv_est("grpo", critic_level="none", bootstraps=False, min_group_size=2)
 @torch.no_grad()
 def grpo_advantage(*, turn_rewards: torch.Tensor, turn_mask: torch.Tensor, turn_ids: torch.Tensor,
                    response_mask: torch.Tensor, group_ids: Optional[torch.Tensor], values: Optional[torch.Tensor],
                    config: Any, bootstrap_values: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """GRPO: the episode's group-normalised return on every response token; returns = advantages (no critic)."""
-    _no_bootstrap("grpo", bootstrap_values)
+    _check_bootstrap("grpo", bootstrap_values)
     scores = turn_rewards.sum(dim=1)
     adv = compute_grpo_advantages(scores, group_ids, norm_by_std=bool(cfg_get(config, "norm_adv_by_std_in_grpo", True)))
     advantages = adv[:, None] * response_mask
     return advantages, advantages.clone()
 
 
-@register_adv_est("token_gae")
+@register_adv_est("token_gae", critic_level="token", bootstraps=True)
 @torch.no_grad()
 def token_gae_advantage(*, turn_rewards: torch.Tensor, turn_mask: torch.Tensor, turn_ids: torch.Tensor,
                         response_mask: torch.Tensor, group_ids: Optional[torch.Tensor],
@@ -335,14 +339,14 @@ def token_gae_advantage(*, turn_rewards: torch.Tensor, turn_mask: torch.Tensor, 
     return (masked_whiten(adv, response_mask) if cfg_get(config, "norm_adv", True) else adv), ret
 
 
-@register_adv_est("bi_level_gae")
+@register_adv_est("bi_level_gae", critic_level="token", bootstraps=False)
 @torch.no_grad()
 def bi_level_gae_advantage(*, turn_rewards: torch.Tensor, turn_mask: torch.Tensor, turn_ids: torch.Tensor,
                            response_mask: torch.Tensor, group_ids: Optional[torch.Tensor],
                            values: Optional[torch.Tensor], config: Any,
                            bootstrap_values: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """RAGEN's bi-level GAE (:func:`compute_bi_level_gae`; ``bi_level_gae_turn_ends``: mask | rewards)."""
-    _no_bootstrap("bi_level_gae", bootstrap_values)
+    _check_bootstrap("bi_level_gae", bootstrap_values)
     adv, ret = compute_bi_level_gae(turn_rewards, values, response_mask, float(cfg_get(config, "gamma", 1.0)),
                                     float(cfg_get(config, "lam", 1.0)),
                                     float(cfg_get(config, "high_level_gamma", 0.95)),
@@ -350,14 +354,15 @@ def bi_level_gae_advantage(*, turn_rewards: torch.Tensor, turn_mask: torch.Tenso
     return (masked_whiten(adv, response_mask) if cfg_get(config, "norm_adv", True) else adv), ret
 
 
-@register_adv_est("turn_gae")
+@register_adv_est("turn_gae", critic_level="turn", bootstraps=True)
 @torch.no_grad()
 def turn_gae_advantage(*, turn_rewards: torch.Tensor, turn_mask: torch.Tensor, turn_ids: torch.Tensor,
                        response_mask: torch.Tensor, group_ids: Optional[torch.Tensor], values: Optional[torch.Tensor],
                        config: Any, bootstrap_values: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Turn-PPO's turn GAE, the one pipeline both engines run: V(s_h) = the value at turn h's first token
     (0 without a critic), :func:`compute_turn_gae` over the turns, whitened over turns (each turn is one
-    sample of the turn-MDP), then turn h's advantage and return on every token of turn h.
+    sample of the turn-MDP), then turn h's advantage on every token of turn h ``[B, T]``; the returns stay per
+    turn ``[B, H]`` (return_h: the turn critic's targets, ``critic_level="turn"``).
     """
     H = turn_mask.shape[1]
     turn_values = turn_start_values(values.float(), turn_ids, H) if values is not None \
@@ -366,13 +371,19 @@ def turn_gae_advantage(*, turn_rewards: torch.Tensor, turn_mask: torch.Tensor, t
                                 float(cfg_get(config, "lam", 1.0)), last_values=bootstrap_values)
     if cfg_get(config, "norm_adv", True):
         adv = masked_whiten(adv, turn_mask)
-    return scatter_turns(adv, turn_ids) * response_mask, scatter_turns(ret, turn_ids) * response_mask
+    return scatter_turns(adv, turn_ids) * response_mask, ret
 
 
-def _no_bootstrap(name: str, bootstrap_values: Optional[torch.Tensor]) -> None:
-    if bootstrap_values is not None:
+def _check_bootstrap(name: str, bootstrap_values: Optional[torch.Tensor]) -> None:
+    """``bootstrap_values`` given to an estimator whose registry entry says it does not bootstrap."""
+    if bootstrap_values is not None and not adv_estimator_spec(name).bootstraps:
         raise ValueError(f"algorithm.adv_estimator={name} does not bootstrap truncated episodes "
-                         "(algorithm.bootstrap_truncated needs token_gae or turn_gae)")
+                         f"(algorithm.bootstrap_truncated needs one of {bootstrapping_estimators()})")
+
+
+def bootstrapping_estimators() -> list:
+    """The registered estimators that accept ``bootstrap_values`` (their spec's ``bootstraps``)."""
+    return sorted(n for n in ADV_ESTIMATOR_REGISTRY if adv_estimator_spec(n).bootstraps)
 
 
 def _bootstrap_last(v_next: torch.Tensor, mask: torch.Tensor, last_values: Optional[torch.Tensor]) -> torch.Tensor:

@@ -47,11 +47,13 @@ from typing import Any, Callable, Dict, Optional
 import torch
 
 from .checks import check_finite, check_mask, check_ndim, check_same_shape
-from .registry import Registry
+from .registry import DEFAULT_AGG, LossSpec, Registry
 from .turns import check_turn_ids, scatter_turns, turn_sums, turn_token_counts, turn_ids_from_mask
 
-POLICY_LOSS_REGISTRY = Registry("policy loss")
+# each entry carries its LossSpec (unit, so default aggregation; forced clipping-bias correction): registry.py
+POLICY_LOSS_REGISTRY = Registry("policy loss", LossSpec)
 get_policy_loss_fn = POLICY_LOSS_REGISTRY.lookup
+policy_loss_spec = POLICY_LOSS_REGISTRY.spec  # name -> LossSpec
 
 TURN_BANDS = ("fixed", "sqrt_len")
 TOKEN_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
@@ -508,7 +510,7 @@ def token_units(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode
     else:
         unit_lr = log_ratio
     ratio = capped_exp(unit_lr, settings, log_high) * mask
-    agg = loss_agg_mode or settings.loss_agg_mode or "token-mean"
+    agg = loss_agg_mode or settings.loss_agg_mode or DEFAULT_AGG["token"]
     gc = global_counts
     rows = (mask.sum(dim=1, keepdim=True) > 0).to(mask.dtype)
     row_den = _denominator(rows.sum(), gc.rows if gc else None)
@@ -550,7 +552,7 @@ def turn_units(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode,
     unit_lr = _turn_log_ratio(lr_in, turn_ids, H, ratio_mode)
     log_low, log_high = turn_band_bounds(counts, ratio_mode, settings)
     ratio = capped_exp(unit_lr, settings, log_high) * tmask
-    agg = loss_agg_mode or settings.loss_agg_mode or "turn-mean"
+    agg = loss_agg_mode or settings.loss_agg_mode or DEFAULT_AGG["turn"]
     gc = global_counts
     if agg == "turn-mean":
         weight = tmask / _denominator(tmask.sum(), gc.turns if gc else None)
@@ -572,11 +574,13 @@ def turn_units(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode,
 # --------------------------------------------------------------------------------------------
 # the losses
 # --------------------------------------------------------------------------------------------
-def register_policy_loss(name: str, clip_bias: Optional[bool] = None):
+def register_policy_loss(name: str, unit: str, clip_bias: Optional[bool] = None):
     """Register a policy loss given by its units builder ``build(old, new, adv, mask, agg, settings,
-    is_weights, turn_ids, global_counts) -> LossUnits``. ``clip_bias``: True forces the correction on
+    is_weights, turn_ids, global_counts) -> LossUnits``. ``unit``: ``token`` (the builder calls
+    :func:`token_units`) or ``turn`` (:func:`turn_units`). ``clip_bias``: True forces the correction on
     (``s_ppo``, ``st_ppo``), None leaves it to the ``clip_bias`` key. The registered function has
-    verl's signature (module docstring) and keeps its builder as ``.build_units``."""
+    verl's signature (module docstring), keeps its builder as ``.build_units`` and its properties as ``.spec``
+    (:class:`~ragen_turn.algos.registry.LossSpec`)."""
 
     def wrap(build: Callable[..., LossUnits]) -> Callable:
         def policy_loss_fn(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode=None, config=None,
@@ -589,20 +593,19 @@ def register_policy_loss(name: str, clip_bias: Optional[bool] = None):
         policy_loss_fn.__name__ = f"compute_policy_loss_{name}"
         policy_loss_fn.__doc__ = build.__doc__
         policy_loss_fn.build_units = build
-        policy_loss_fn.forces_clip_bias = bool(clip_bias)
-        POLICY_LOSS_REGISTRY.register(name)(policy_loss_fn)
+        POLICY_LOSS_REGISTRY.register(name, unit=unit, forces_clip_bias=bool(clip_bias))(policy_loss_fn)
         return policy_loss_fn
 
     return wrap
 
 
-@register_policy_loss("token_ppo")
+@register_policy_loss("token_ppo", unit="token")
 def compute_policy_loss_token_ppo(old, new, adv, mask, agg, settings, is_w, turn_ids, gc):
     """Token-level PPO: ``rho_t = exp(d_t)``, ``L = mean_t -min(rho_t A_t, clip(rho_t) A_t)`` (+ dual clip)."""
     return token_units(old, new, adv, mask, agg, settings, is_w, turn_ids, gc, turn_ratio=False)
 
 
-@register_policy_loss("turn_is")
+@register_policy_loss("turn_is", unit="token")
 def compute_policy_loss_turn_is(old, new, adv, mask, agg, settings, is_w, turn_ids, gc):
     """Turn-level importance sampling (the ST-PPO paper's "Turn-PPO").
 
@@ -612,19 +615,19 @@ def compute_policy_loss_turn_is(old, new, adv, mask, agg, settings, is_w, turn_i
     return token_units(old, new, adv, mask, agg, settings, is_w, turn_ids, gc, turn_ratio=True)
 
 
-@register_policy_loss("s_ppo", clip_bias=True)
+@register_policy_loss("s_ppo", unit="token", clip_bias=True)
 def compute_policy_loss_s_ppo(old, new, adv, mask, agg, settings, is_w, turn_ids, gc):
     """S-PPO: token-level PPO with the clipping-bias correction."""
     return token_units(old, new, adv, mask, agg, settings, is_w, turn_ids, gc, turn_ratio=False)
 
 
-@register_policy_loss("st_ppo", clip_bias=True)
+@register_policy_loss("st_ppo", unit="token", clip_bias=True)
 def compute_policy_loss_st_ppo(old, new, adv, mask, agg, settings, is_w, turn_ids, gc):
     """ST-PPO: turn-level importance sampling (``turn_is``) with the clipping-bias correction."""
     return token_units(old, new, adv, mask, agg, settings, is_w, turn_ids, gc, turn_ratio=True)
 
 
-@register_policy_loss("turn_ppo")
+@register_policy_loss("turn_ppo", unit="turn")
 def compute_policy_loss_turn_ppo(old, new, adv, mask, agg, settings, is_w, turn_ids, gc):
     """Turn-PPO: one ratio and one advantage per turn, the turn clipped as a whole.
 
@@ -636,7 +639,7 @@ def compute_policy_loss_turn_ppo(old, new, adv, mask, agg, settings, is_w, turn_
     return turn_units(old, new, adv, mask, agg, settings, is_w, turn_ids, gc, settings.ratio_mode or "sum")
 
 
-@register_policy_loss("turn_ppo_geo")
+@register_policy_loss("turn_ppo_geo", unit="turn")
 def compute_policy_loss_turn_ppo_geo(old, new, adv, mask, agg, settings, is_w, turn_ids, gc):
     """Turn-PPO with the length-normalised (geometric-mean) turn ratio; GSPO for one-turn episodes."""
     return turn_units(old, new, adv, mask, agg, settings, is_w, turn_ids, gc, "geo_mean")
@@ -655,7 +658,7 @@ def needs_minibatch_stats(name: str, config: Any) -> bool:
     """True when loss ``name`` applies the correction at ``clip_bias_level=batch``: its statistic must be
     summed over the whole mini-batch (:func:`minibatch_clip_stats`) before any micro-batch's backward."""
     s = loss_settings(config)
-    return (get_policy_loss_fn(name).forces_clip_bias or s.clip_bias) and s.clip_bias_level == "batch"
+    return (policy_loss_spec(name).forces_clip_bias or s.clip_bias) and s.clip_bias_level == "batch"
 
 
 @torch.no_grad()

@@ -2,8 +2,8 @@
 
 Both engines hand a :class:`~ragen_turn.rollout.Trajectory` (with critic ``values`` in the shared
 layout: ``values[:, t]`` = V(state just before token t)) to these functions, so StarPO-S filtering,
-reward normalisation, the advantage step (one registry lookup for every estimator) and the turn
-critic's targets exist once.
+reward normalisation, the advantage step (one registry lookup for every estimator) and the critic's
+targets (:func:`critic_targets`: every response token, or the turn starts for the turn critic) exist once.
 """
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from typing import Any, Dict, Tuple
 
 import torch
 
-from ragen_turn.algos import get_adv_estimator_fn, num_turns, turn_start_values, turn_sums, turn_token_counts
+from ragen_turn.algos import (adv_estimator_spec, get_adv_estimator_fn, num_turns, turn_start_values,
+                              turn_sums, turn_token_counts)
 from ragen_turn.config import FILTER_STRATEGIES, FilterSpec, kept_group_count
 from ragen_turn.rollout import Trajectory
 
@@ -169,20 +170,46 @@ def group_return_affine(R: torch.Tensor, groups: torch.Tensor, method: str,
 
 def compute_advantages(batch: Trajectory, cfg: Any) -> None:
     """The advantage step of every trainer: ``algorithm.adv_estimator`` from the registry on the
-    normalised turn rewards; sets ``batch.advantages`` / ``batch.returns`` ``[B, T]``."""
-    fn = get_adv_estimator_fn(cfg.algorithm.adv_estimator)
-    batch.advantages, batch.returns = fn(
+    normalised turn rewards; sets ``batch.advantages`` ``[B, T]`` and the returns in the layout of the
+    estimator's critic: ``batch.returns`` ``[B, T]``, or ``batch.turn_returns`` ``[B, H]`` (turn GAE's
+    return_h, as it gives them) for a turn critic."""
+    name = cfg.algorithm.adv_estimator
+    batch.advantages, returns = get_adv_estimator_fn(name)(
         turn_rewards=normalized_turn_rewards(batch, cfg), turn_mask=batch.turn_mask, turn_ids=batch.turn_ids,
         response_mask=batch.response_mask, group_ids=batch.group_ids, values=batch.values, config=cfg.algorithm,
         bootstrap_values=batch.bootstrap_values)
+    if adv_estimator_spec(name).critic_level == "turn":
+        batch.returns, batch.turn_returns = None, returns
+    else:
+        batch.returns, batch.turn_returns = returns, None
 
 
-def turn_critic_targets(batch: Trajectory) -> None:
-    """The turn critic's old values V(s_h) and targets return_h ``[B, H]``: ``values`` and ``returns`` read at
-    each turn's first token (the turn GAE puts turn h's return on every token of turn h)."""
-    H = batch.turn_mask.shape[1]
-    batch.turn_values = turn_start_values(batch.values, batch.turn_ids, H)
-    batch.turn_returns = turn_start_values(batch.returns, batch.turn_ids, H)
+def critic_targets(batch: Trajectory, level: str) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What the critic of ``level`` (``critic.level``: the estimator's, ``algos.adv_estimator_spec``) is
+    trained on, for both engines: ``(mask, old_values, returns)``.
+
+    - ``token``: ``[B, T]`` ``response_mask``, ``values``, ``returns``: every response token.
+    - ``turn`` (the turn critic V(s_h)): ``[B, H]`` ``turn_mask``, V(s_h) (``values`` at each turn's first
+      token: the value just before it) and ``turn_returns`` (return_h, as turn GAE gives it). The same critic
+      as ``token``, trained only at the turn starts.
+
+    ``old_values`` are the critic's before this step's update (so ``critic/explained_var`` over them is
+    CleanRL's). A turn critic's fresh values are read with :func:`critic_values` in the same layout.
+    """
+    if level == "token":
+        return batch.response_mask, batch.values, batch.returns
+    if level == "turn":
+        H = batch.turn_mask.shape[1]
+        return batch.turn_mask, turn_start_values(batch.values, batch.turn_ids, H), batch.turn_returns
+    raise ValueError(f"critic.level={level}: no critic to train (critic_targets needs token or turn)")
+
+
+def critic_values(values: torch.Tensor, batch: Trajectory, level: str) -> torch.Tensor:
+    """Fresh critic ``values`` ``[B, T]`` (the shared layout) in :func:`critic_targets`' layout for ``level``:
+    as they are (``token``) or V(s_h) ``[B, H]`` at the turn starts (``turn``)."""
+    if level == "turn":
+        return turn_start_values(values, batch.turn_ids, batch.turn_mask.shape[1])
+    return values
 
 
 def advantage_metrics(advantages: torch.Tensor, response_mask: torch.Tensor, turn_ids: torch.Tensor,

@@ -63,13 +63,12 @@ class Trajectory:
     values: Optional[torch.Tensor] = None  # values[:, t] = V of the state just before token t
     bootstrap_values: Optional[torch.Tensor] = None  # [B] V after the last turn of truncated rows, 0 for finished ones
     advantages: Optional[torch.Tensor] = None
-    returns: Optional[torch.Tensor] = None
-    # turn layout [B, H] (turn critic)
-    turn_values: Optional[torch.Tensor] = None
-    turn_returns: Optional[torch.Tensor] = None
+    returns: Optional[torch.Tensor] = None  # token / no-critic estimators' returns (None for the turn critic)
+    # turn layout [B, H]
+    turn_returns: Optional[torch.Tensor] = None  # return_h of a turn-critic estimator (turn GAE), per turn
     episodes: List[Episode] = field(default_factory=list)
 
-    TURN_FIELDS = ("turn_rewards", "turn_mask", "turn_values", "turn_returns")
+    TURN_FIELDS = ("turn_rewards", "turn_mask", "turn_returns")
 
     @property
     def batch_size(self) -> int:

@@ -1,18 +1,19 @@
-"""The local engine's trainers: ``StarPOTrainer`` (RAGEN's token path) and ``TurnPPOTrainer``.
+"""The local engine's trainer, ``StarPOTrainer``: RAGEN's StarPO loop for every algorithm.
 
 One training step, in order (CleanRL's shape, RAGEN's names)::
 
     rollout     BR env groups x G rollouts, multi-turn, token in / token out   -> Trajectory
     filter      StarPO-S: keep the top rollout_filter_ratio groups by reward std
     score       old log-probs, reference log-probs (KL on), critic values
-    advantages  grpo | token_gae | bi_level_gae  (StarPO)   turn_gae  (Turn-PPO)
+    advantages  grpo | token_gae | bi_level_gae | turn_gae  (the registry's, by name)
     update      critic, then actor: ppo_epochs x mini-batches (x micro-batches), grad clip
     log         one progress line, metrics.jsonl; checkpoints; held-out eval
 
-``TurnPPOTrainer`` is the turn critic: it overrides only the critic's targets and loss (V(s_h) and
-return_h at the turn starts); the advantages (here turn GAE) come from the registry and the policy
-loss from the config, by name, as for ``StarPOTrainer``. Config checks, device/seeds and what a run
-logs live outside the engine (``ragen_turn.config``, ``engines.runtime``, ``engines.runlog``).
+The advantage estimator and the policy loss come from the config by name; the critic follows the estimator
+(``critic.level``, from its registry entry): none, a token critic, or the turn critic V(s_h), which is the
+same critic trained only at the turn starts on return_h (``engines.common.critic_targets``, shared with the
+verl engine). Config checks, device/seeds and what a run logs live outside the engine (``ragen_turn.config``,
+``engines.runtime``, ``engines.runlog``).
 """
 from __future__ import annotations
 
@@ -36,14 +37,14 @@ from ragen_turn.algos import (
     masked_mean,
     minibatch_clip_stats,
     needs_minibatch_stats,
-    turn_start_values,
     value_loss,
     values_before_tokens,
 )
 from ragen_turn.config import model_config, policy_loss_config, validate_config
 from ragen_turn.engines import checkpoints as ckpt
 from ragen_turn.config import FilterSpec
-from ragen_turn.engines.common import advantage_metrics, compute_advantages, filter_rows, turn_critic_targets
+from ragen_turn.engines.common import (advantage_metrics, compute_advantages, critic_targets, critic_values,
+                                      filter_rows)
 from ragen_turn.engines.rundir import (
     DiskFull,
     TrainingStopped,
@@ -100,8 +101,9 @@ ROLLOUT_PROGRESS_S = 30.0  # a training rollout's progress line at most this oft
 
 # ------------------------------------------------------------------------------------------------
 class StarPOTrainer:
-    """RAGEN's StarPO loop on one device: every algo without a turn critic (grpo, token_ppo, bi_level_gae,
-    s_ppo, turn_is, st_ppo); the advantage estimator and the policy loss come from the config by name."""
+    """RAGEN's StarPO loop on one device, for every algo (grpo, token_ppo, bi_level_gae, turn_ppo, s_ppo,
+    turn_is, st_ppo, ...): the advantage estimator and the policy loss come from the config by name, the
+    critic (none, token or turn) from the estimator's registry entry (``critic.level``)."""
 
     def __init__(self, cfg: DictConfig, log=print):
         validate_config(cfg)
@@ -246,15 +248,22 @@ class StarPOTrainer:
 
     # -------------------------------------------------------------------------------- critic
     def value_targets(self, batch: Trajectory):
-        """``(values, returns, mask)`` the critic is trained on, in its layout (here tokens ``[B, T]``): the values
-        are the critic's before this step's update, so ``critic/explained_var`` over them is CleanRL's."""
-        return batch.values, batch.returns, batch.response_mask
+        """``(values, returns, mask)`` the critic is trained on
+        (:func:`~ragen_turn.engines.common.critic_targets`: tokens ``[B, T]``, or the turn starts ``[B, H]``
+        for the turn critic): the values are the critic's before this step's update, so
+        ``critic/explained_var`` over them is CleanRL's."""
+        mask, old, returns = critic_targets(batch, self.cfg.critic.level)
+        return old, returns, mask
 
     def critic_loss(self, mb: Trajectory, values: torch.Tensor, counts: Optional[GlobalCounts] = None):
-        """Hook: the critic's loss on a micro-batch from fresh ``values`` ``[b, T]`` (token layout), its share
-        of the mean over the mini-batch's response tokens (``counts``)."""
-        return value_loss(values, mb.values, mb.returns, mb.response_mask, self.cfg.critic.cliprange_value,
-                          normaliser=counts.tokens if counts else None)
+        """The critic's loss on a micro-batch from fresh ``values`` ``[b, T]`` (token layout) read where
+        :func:`~ragen_turn.engines.common.critic_targets` puts its targets: its share of the mean over the
+        mini-batch's response tokens (token critic) or turns (turn critic) (``counts``)."""
+        level = self.cfg.critic.level
+        mask, old, returns = critic_targets(mb, level)
+        n = (counts.turns if level == "turn" else counts.tokens) if counts else None
+        return value_loss(critic_values(values, mb, level), old, returns, mask,
+                          self.cfg.critic.cliprange_value, normaliser=n)
 
     # -------------------------------------------------------------------------------- update
     def _minibatches(self, n: int, epoch: int) -> List[torch.Tensor]:
@@ -839,31 +848,6 @@ def warmup_lr_factor(optim_cfg, index: int, total_steps: int) -> float:
 HYPERPARAMS = ("lr", "weight_decay", "betas")  # an optimizer's settings that come from the config, also on resume
 
 
-class TurnPPOTrainer(StarPOTrainer):
-    """Turn-PPO: the turn critic V(s_h) (trained on return_h at the turn starts) and turn-level GAE
-    (``algorithm.adv_estimator=turn_gae``, checked by ``validate_config``), with the configured loss."""
-
-    def compute_advantages(self, batch: Trajectory) -> None:
-        super().compute_advantages(batch)
-        turn_critic_targets(batch)
-
-    def value_targets(self, batch: Trajectory):
-        """V(s_h), return_h and the turn mask ``[B, H]``."""
-        return batch.turn_values, batch.turn_returns, batch.turn_mask
-
-    def critic_loss(self, mb: Trajectory, values: torch.Tensor, counts: Optional[GlobalCounts] = None):
-        """The value loss on V(s_h) ``[b, H]`` read from fresh token-layout ``values`` ``[b, T]``, its share of the
-        mean over the mini-batch's turns (``counts``)."""
-        v = turn_start_values(values, mb.turn_ids, mb.turn_mask.shape[1])
-        return value_loss(v, mb.turn_values, mb.turn_returns, mb.turn_mask, self.cfg.critic.cliprange_value,
-                          normaliser=counts.turns if counts else None)
-
-
-TRAINERS = {"starpo": StarPOTrainer, "turn": TurnPPOTrainer}
-
-
 def build_trainer(cfg: DictConfig, log=print) -> StarPOTrainer:
-    name = cfg.algo.get("trainer", "starpo")
-    if name not in TRAINERS:
-        raise ValueError(f"algo.trainer must be one of {sorted(TRAINERS)}, got {name!r}")
-    return TRAINERS[name](cfg, log=log)
+    """The local engine's trainer for ``cfg`` (every algorithm: one class)."""
+    return StarPOTrainer(cfg, log=log)

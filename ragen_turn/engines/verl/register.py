@@ -1,9 +1,10 @@
 """Register our policy losses and turn-level GAE in verl's registries (thin adapters over ``ragen_turn.algos``).
 
-Importing this module registers ``turn_ppo``, ``turn_ppo_geo``, ``turn_is``, ``s_ppo``, ``st_ppo`` (and
-``token_ppo``) with ``verl.trainer.ppo.core_algos.register_policy_loss`` and ``turn_gae`` with
-``register_adv_est``. Registries live in each process, so every Ray worker must import it: the verl
-engine sets ``VERL_USE_EXTERNAL_MODULES`` (read by ``import verl``) and
+Importing this module registers every policy loss of ``ragen_turn.algos``' registry (``turn_ppo``,
+``turn_ppo_geo``, ``turn_is``, ``s_ppo``, ``st_ppo``, ``token_ppo``; each one's default aggregation from its
+registry entry) with ``verl.trainer.ppo.core_algos.register_policy_loss``, and ``turn_gae`` (the estimator
+verl has no counterpart of) with ``register_adv_est``. Registries live in each process, so every Ray worker
+must import it: the verl engine sets ``VERL_USE_EXTERNAL_MODULES`` (read by ``import verl``) and
 ``actor_rollout_ref.model.external_lib`` to this module.
 
 The maths is ``ragen_turn.algos``; an adapter only
@@ -29,9 +30,6 @@ from verl.workers.config import PolicyLossConfig
 from ragen_turn import algos
 from ragen_turn.algos.losses import cfg_get
 
-POLICY_LOSSES = ("token_ppo", "turn_ppo", "turn_ppo_geo", "turn_is", "s_ppo", "st_ppo")
-TURN_UNIT_LOSSES = ("turn_ppo", "turn_ppo_geo")
-ADV_ESTIMATORS = ("turn_gae",)
 _KNOBS = ("ratio_mode", "clip_bias", "clip_bias_level", "clip_bias_stat", "clip_bias_threshold", "loss_agg_mode",
           "turn_band", "token_band", "loss_scale_factor")
 
@@ -100,7 +98,7 @@ def global_counts(name: str, response_mask: torch.Tensor, agg: Optional[str],
     mask = response_mask.bool()
     n_tok, n_seq, n_turns = (info.get(k) for k in ("batch_num_tokens", "global_batch_size", "batch_num_turns"))
     rows = float((mask.sum(dim=1) > 0).sum())
-    default = "turn-mean" if name in TURN_UNIT_LOSSES else "token-mean"
+    default = algos.policy_loss_spec(name).default_agg
     if n_turns:
         turns = float(n_turns) / dp
     else:
@@ -145,21 +143,23 @@ def compute_turn_gae_advantage(token_level_rewards: torch.Tensor, response_mask:
             token). verl's stock ``compute_advantage`` never passes values to a custom estimator; then
             V = 0 and the advantages are turn-level discounted returns (the verl engine's trainer passes them).
     Returns:
-        advantages, returns: ``[B, R]``, turn h's value on every token of turn h.
+        advantages, returns: ``[B, R]``, turn h's value on every token of turn h (verl's layout; our estimator
+        gives the returns per turn).
     """
     mask = response_mask.float()
     if turn_ids is None:
         turn_ids = algos.turn_ids_from_mask(response_mask)
     H = max(algos.num_turns(turn_ids), 1)
     rewards = algos.turn_sums(token_level_rewards.float() * mask, turn_ids, H)
-    return algos.get_adv_estimator_fn("turn_gae")(
+    adv, turn_returns = algos.get_adv_estimator_fn("turn_gae")(
         turn_rewards=rewards, turn_mask=algos.turn_mask_from_ids(turn_ids, H), turn_ids=turn_ids, response_mask=mask,
         group_ids=None, values=values, config=config)
+    return adv, algos.scatter_turns(turn_returns, turn_ids) * mask
 
 
 def register_all() -> None:
     """Idempotent: (re)register our names in this process's verl registries."""
-    for name in POLICY_LOSSES:
+    for name in algos.POLICY_LOSS_REGISTRY:  # every loss of ours, by its registry entry
         fn = verl_algos.POLICY_LOSS_REGISTRY.get(name)
         if fn is None or getattr(fn, "__module__", None) != __name__:
             verl_algos.register_policy_loss(name)(make_policy_loss(name))

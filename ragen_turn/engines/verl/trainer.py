@@ -1,4 +1,4 @@
-"""``StarPOTrainer`` / ``TurnPPOTrainer`` on verl: subclasses of verl's ``RayPPOTrainer`` (the v0 path).
+"""``StarPOTrainer`` on verl (every algorithm): a subclass of verl's ``RayPPOTrainer`` (the v0 path).
 
 Like RAGEN's ``RayAgentTrainer`` there is no dataset: every step plays ``es_manager.train`` env groups
 through the registered agent loop ``ragen_turn_env`` (:mod:`.agent_loop`), then runs the PPO step
@@ -9,7 +9,8 @@ with the trainer's own helpers (``_compute_old_log_prob``, ``_compute_ref_log_pr
     filter      StarPO-S: keep the top rollout_filter_ratio env groups
     score       old log-probs, reference log-probs (KL on), critic values
     advantages  engines.common (both engines): the registry's grpo | token_gae | bi_level_gae | turn_gae
-    critic      token critic: every response token; turn critic: only turn starts (see below)
+    critic      engines.common.critic_targets (both engines): every response token, or the turn starts only
+                for the turn critic (see below)
     actor       verl's ppo_loss calling our registered policy loss (see register.py)
 
 verl's stock ``compute_advantage`` never passes critic values to a custom estimator, so advantages
@@ -42,11 +43,12 @@ from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 from verl.utils.debug import marked_timer
 from verl.utils.metric import reduce_metrics
 
-from ragen_turn.algos import check_turn_ids, place_turn_rewards, turn_boundaries, turn_mask_from_ids
+from ragen_turn.algos import (check_turn_ids, place_turn_rewards, scatter_turns, turn_boundaries,
+                              turn_mask_from_ids)
 from ragen_turn.config import FilterSpec
 from ragen_turn.engines import checkpoints as ckpt
-from ragen_turn.engines.common import (advantage_metrics, compute_advantages, filter_rows, normalized_turn_rewards,
-                                      pad_rows, turn_critic_targets)
+from ragen_turn.engines.common import (advantage_metrics, compute_advantages, critic_targets, filter_rows,
+                                      normalized_turn_rewards, pad_rows)
 from ragen_turn.engines.rundir import crash_point, record_config, run_complete, writing
 from ragen_turn.engines.runtime import derived_seed
 from ragen_turn.engines.runlog import (
@@ -155,7 +157,8 @@ def turn_start_mask(turn_ids: torch.Tensor, turn_mask: torch.Tensor) -> torch.Te
 
 
 def critic_batch(batch: DataProto, traj: Trajectory, level: str) -> DataProto:
-    """The batch verl's critic update trains on.
+    """The batch verl's critic update trains on: :func:`~ragen_turn.engines.common.critic_targets` (the local
+    engine's too) in verl's token layout.
 
     ``token``: values/returns on every response token (``response_mask`` as sampled).
     ``turn``: ``response_mask`` = the turn-start mask, ``returns`` = return_h at turn h's first token,
@@ -164,10 +167,12 @@ def critic_batch(batch: DataProto, traj: Trajectory, level: str) -> DataProto:
     tensors = {k: batch.batch[k] for k in TRAIN_KEYS}
     tensors["values"] = batch.batch["values"]
     if level == "turn":
-        starts, _ = turn_boundaries(traj.turn_ids, traj.turn_mask.shape[1])
-        tmask = traj.turn_mask.float()
-        tensors["response_mask"] = turn_start_mask(traj.turn_ids, traj.turn_mask).to(batch.batch["response_mask"].dtype)
-        tensors["returns"] = torch.zeros_like(traj.response_mask).scatter_add(1, starts, traj.turn_returns * tmask)
+        tmask, _, turn_returns = critic_targets(traj, level)
+        starts, _ = turn_boundaries(traj.turn_ids, tmask.shape[1])
+        starts_mask = turn_start_mask(traj.turn_ids, tmask)
+        tensors["response_mask"] = starts_mask.to(batch.batch["response_mask"].dtype)
+        tensors["returns"] = torch.zeros_like(traj.response_mask).scatter_add(1, starts,
+                                                                             turn_returns * tmask.float())
     else:
         tensors["returns"] = batch.batch["returns"]
     return DataProto.from_dict(tensors=tensors, meta_info=dict(batch.meta_info))
@@ -191,9 +196,8 @@ class _NoDataLoader:
 
 
 class StarPOTrainer(RayPPOTrainer):
-    """RAGEN's StarPO loop on verl: grpo / token_ppo / bi_level_gae / s_ppo / turn_is / st_ppo (no turn critic)."""
-
-    critic_targets = staticmethod(lambda traj: None)  # hook: the turn critic's V(s_h) / return_h
+    """RAGEN's StarPO loop on verl, for every algorithm: the estimator and the policy loss by name, the critic
+    (none, token or turn) from the estimator's registry entry (``critic.level``)."""
 
     def __init__(self, config: DictConfig, tokenizer, role_worker_mapping, resource_pool_manager,
                  ray_worker_group_cls, processor=None):
@@ -246,10 +250,12 @@ class StarPOTrainer(RayPPOTrainer):
     # ---------------------------------------------------------------------------------- one step
     def compute_advantages(self, batch: DataProto, traj: Trajectory) -> None:
         compute_advantages(traj, self.rcfg)
-        self.critic_targets(traj)
         mask = batch.batch["response_mask"].float()
         batch.batch["advantages"] = traj.advantages.float() * mask
-        batch.batch["returns"] = traj.returns.float() * mask
+        # verl's critic/returns/* metrics read token returns: a turn critic's return_h on each token of turn h
+        returns = traj.returns if traj.turn_returns is None else \
+            scatter_turns(traj.turn_returns, traj.turn_ids)
+        batch.batch["returns"] = returns.float() * mask
         rewards = place_turn_rewards(normalized_turn_rewards(traj, self.rcfg), traj.turn_ids)
         batch.batch["token_level_scores"] = rewards
         batch.batch["token_level_rewards"] = rewards
@@ -494,15 +500,6 @@ class StarPOTrainer(RayPPOTrainer):
         print(progress_line(metrics), flush=True)
 
 
-class TurnPPOTrainer(StarPOTrainer):
-    """Turn-PPO on verl: turn critic V(s_h) (trained at turn starts) + turn-level GAE, the configured loss."""
-
-    critic_targets = staticmethod(turn_critic_targets)
-
-
-TRAINERS = {"starpo": StarPOTrainer, "turn": TurnPPOTrainer}
-
-
 class TrainerBuilder(BaseTaskRunner):
     """verl's v0 TaskRunner steps without datasets: roles, resource pools, workers, then our trainer.
 
@@ -536,11 +533,9 @@ class TrainerBuilder(BaseTaskRunner):
                         use_critic=need_critic(config))
         tokenizer = omega_conf_to_dataclass(config.actor_rollout_ref.model).tokenizer
         pools = self.init_resource_pool_mgr(config)
-        name = config.ragen.algo.get("trainer", "starpo")
-        if name not in TRAINERS:
-            raise ValueError(f"algo.trainer must be one of {sorted(TRAINERS)}, got {name!r}")
-        trainer = TRAINERS[name](config=config, tokenizer=tokenizer, role_worker_mapping=self.role_worker_mapping,
-                                 resource_pool_manager=pools, ray_worker_group_cls=ray_worker_group_cls)
+        trainer = StarPOTrainer(config=config, tokenizer=tokenizer,
+                                role_worker_mapping=self.role_worker_mapping, resource_pool_manager=pools,
+                                ray_worker_group_cls=ray_worker_group_cls)
         trainer.init_workers()
         return trainer
 
