@@ -42,7 +42,7 @@ setup(
         "gymnasium>=1.0",
     ],
     extras_require={
-        "dev": ["pytest", "hypothesis"],
+        "dev": ["pytest", "hypothesis", "ruff>=0.15"],
         "webshop": ["bm25s>=0.2"],
         "search_qa": ["bm25s>=0.2"],
         "parquet": ["pyarrow"],          # search_qa: Search-R1's QA parquet files

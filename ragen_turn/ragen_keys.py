@@ -103,7 +103,7 @@ def _bi_level_gae(v, given, cfg):
         return {}
     adv = given.get("algorithm.adv_estimator")
     if adv not in (None, "gae", "token_gae", "bi_level_gae"):
-        _stop(f"algorithm.bi_level_gae={v}", f"RAGEN's bi-level GAE replaces GAE: it needs algorithm.adv_estimator=gae, "
+        _stop(f"algorithm.bi_level_gae={v}", "RAGEN's bi-level GAE replaces GAE: it needs algorithm.adv_estimator=gae, "
               f"got {adv} (or pick algo=bi_level_gae)")
     return {"algorithm.adv_estimator": "bi_level_gae", "algorithm.bi_level_gae_turn_ends": "rewards"}
 
@@ -141,8 +141,8 @@ _KL = {"kl": "kl", "k1": "kl", "abs": "abs", "mse": "mse", "k2": "mse", "low_var
 
 def _kl_type(v, given, cfg):
     if str(v) not in _KL:
-        _stop(f"actor_rollout_ref.actor.kl_loss_type={v}", f"our key actor_rollout_ref.actor.kl_loss_type takes "
-              f"kl (k1), abs, mse (k2) or low_var_kl (low-var-kl, k3)")
+        _stop(f"actor_rollout_ref.actor.kl_loss_type={v}", "our key actor_rollout_ref.actor.kl_loss_type takes "
+              "kl (k1), abs, mse (k2) or low_var_kl (low-var-kl, k3)")
     return {"actor_rollout_ref.actor.kl_loss_type": _KL[str(v)]}
 
 

@@ -689,7 +689,8 @@ def test_rms_reading_hand_case():
 
 def test_loss_settings_name_the_bad_key():
     for cfg, key in (({"clip_ratio_c": 1.0}, "clip_ratio_c"), ({"clip_bias_stat": "max"}, "clip_bias_stat"),
-                     ({"clip_bias_threshold": 0.5}, "clip_bias_threshold"), ({"clip_bias_level": "x"}, "clip_bias_level"),
+                     ({"clip_bias_threshold": 0.5}, "clip_bias_threshold"),
+                     ({"clip_bias_level": "x"}, "clip_bias_level"),
                      ({"ratio_mode": "prod"}, "ratio_mode"), ({"clip_ratio_c": float("inf")}, "clip_ratio_c")):
         with pytest.raises(ValueError, match=key):
             loss_settings(cfg)
@@ -799,7 +800,7 @@ def test_bi_level_gae_turn_ends_differ_on_zero_reward_turns_and_are_checked():
         compute_bi_level_gae(r, vals, mask, 1.0, 1.0, 0.9, turn_ends="tokens")
 
 
-# ------------------------------------------------------------------------------------------ trust region for turn ratios
+# ----------------------------------------------------------------------------------------- trust region for turn ratios
 def test_mass_correction_keeps_a_rows_gradient_when_one_unit_is_dual_clipped():
     """One row, two turns: turn 0 has A = -1 and a product ratio of e^10 (dual-clipped, its loss capped at c|A|),
     turn 1 has A = +1 at ratio 1 (live). At its raw ratio turn 0 would give r = e^10 and scale turn 1's gradient to

@@ -37,7 +37,8 @@ def _group_overrides(group: str, name: str) -> list:
     extra = [f"model.path={MODEL_DIR}"]
     if group == "paper" and name.startswith("stppo"):  # the user's data paths: the shipped search-QA files
         data = ROOT / "envs" / "search_qa" / "data"
-        extra += [f"paper_data.corpus_path={data / 'corpus.jsonl.gz'}", f"paper_data.train_path={data / 'train.jsonl.gz'}",
+        extra += [f"paper_data.corpus_path={data / 'corpus.jsonl.gz'}",
+                  f"paper_data.train_path={data / 'train.jsonl.gz'}",
                   f"paper_data.val_path={data / 'val.jsonl.gz'}"]
     if group in ("paper", "sweep", "setting"):
         return [f"+{group}={name}", *extra]

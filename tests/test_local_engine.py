@@ -751,8 +751,8 @@ def test_critic_warmup_updates_only_the_critic_for_its_steps(tmp_path):
 
 
 def test_provenance_records_host_versions_and_starting_weights_and_resume_appends(tmp_path):
-    """<run>/provenance.json: one entry per start or resume (step, CPU, versions); a fresh start also holds the sha256 of
-    the actor's starting weights, equal for two runs of one config on one machine; --keep-runs copies the file."""
+    """<run>/provenance.json: one entry per start or resume (step, CPU, versions); a fresh start also holds the sha256
+    of the actor's starting weights, equal for two runs of one config on one machine; --keep-runs copies the file."""
     from ragen_turn.engines.runlog import weights_sha256
     from ragen_turn.report import keep_runs, load_run
 

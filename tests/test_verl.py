@@ -20,7 +20,8 @@ from bad_configs import VERL_CASES
 from helpers import micro_config
 
 HAVE_VERL = importlib.util.find_spec("verl") is not None
-needs_verl = pytest.mark.skipif(not HAVE_VERL, reason="verl is not installed (CPU: pip install -e '.[verl]'; GPUs: '.[gpu]')")
+needs_verl = pytest.mark.skipif(not HAVE_VERL,
+                                reason="verl is not installed (CPU: pip install -e '.[verl]'; GPUs: '.[gpu]')")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -63,9 +64,9 @@ def verl_cfg(model_dir, *overrides):
     """Our micro config with engine=verl (micro model, 2 GPUs), mapped to verl's config."""
     from ragen_turn.engines.verl import build_verl_config
 
-    cfg = micro_config(["engine=verl", "model=tiny", f"model.path={model_dir}", "model.warmstart.enable=false", "trainer.n_gpus_per_node=2",
-                        "es_manager.train.env_groups=2", "es_manager.train.group_size=2", "ppo_mini_batch_size=2",
-                        "micro_batch_size_per_gpu=1", *overrides])
+    cfg = micro_config(["engine=verl", "model=tiny", f"model.path={model_dir}", "model.warmstart.enable=false",
+                        "trainer.n_gpus_per_node=2", "es_manager.train.env_groups=2", "es_manager.train.group_size=2",
+                        "ppo_mini_batch_size=2", "micro_batch_size_per_gpu=1", *overrides])
     return cfg, build_verl_config(cfg)
 
 
@@ -308,7 +309,8 @@ def test_registrations_happen_in_every_process_via_env_var(model_dir):
     # and through the model config's external_lib (how verl's workers build HFModelConfig)
     code2 = (f"from verl.workers.config import HFModelConfig\nHFModelConfig(path={model_dir!r}, "
              "external_lib='ragen_turn.engines.verl.register')\n"
-             "from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY\nassert 'turn_ppo' in POLICY_LOSS_REGISTRY\n")
+             "from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY\n"
+             "assert 'turn_ppo' in POLICY_LOSS_REGISTRY\n")
     env.pop("VERL_USE_EXTERNAL_MODULES")
     subprocess.run([sys.executable, "-c", code2], check=True, cwd=REPO, env=env)
 
@@ -446,7 +448,8 @@ def test_a_run_gives_its_ray_workers_a_private_tmpdir_that_holds_verls_checkpoin
     with private_tmpdir(vcfg) as tmp:
         env = vcfg.ray_kwargs.ray_init.runtime_env.env_vars
         assert env.TMPDIR == tmp and os.path.isdir(tmp) and env.VERL_PLATFORM == "cpu"
-        inductor = env.get("TORCHINDUCTOR_CACHE_DIR") or os.environ["TORCHINDUCTOR_CACHE_DIR"]  # the workers inherit ours
+        # the workers inherit ours
+        inductor = env.get("TORCHINDUCTOR_CACHE_DIR") or os.environ["TORCHINDUCTOR_CACHE_DIR"]
         assert tmp not in inductor  # torch's compile cache is not thrown away with the run
         ckpt = os.path.join(tmp, "run", "global_step_1", "actor")
         subprocess.run([sys.executable, "-c", code, ckpt], check=True, env={**os.environ, "TMPDIR": tmp})
@@ -540,13 +543,15 @@ def test_launch_refuses_before_ray_starts(model_dir, tmp_path):
     bad = {"micro_batch_size_per_gpu=2": ValueError, "engine.verl.rollout=sglang": ValueError,
            "engine.verl.strategy=megatron": ValueError}
     for override, err in bad.items():
-        cfg = micro_config(["engine=verl", "model=tiny", f"model.path={model_dir}", "model.warmstart.enable=false", "trainer.n_gpus_per_node=2",
-                            "ppo_mini_batch_size=2", "micro_batch_size_per_gpu=1", "engine.verl.device=cpu", override])
+        cfg = micro_config(["engine=verl", "model=tiny", f"model.path={model_dir}", "model.warmstart.enable=false",
+                            "trainer.n_gpus_per_node=2", "ppo_mini_batch_size=2", "micro_batch_size_per_gpu=1",
+                            "engine.verl.device=cpu", override])
         with pytest.raises(err):
             launch(cfg)
         assert not ray.is_initialized()
     (tmp_path / "metrics.jsonl").write_text('{"step": 0}\n')
-    cfg = micro_config(["engine=verl", "model=tiny", f"model.path={model_dir}", "model.warmstart.enable=false"], run_dir=str(tmp_path))
+    cfg = micro_config(["engine=verl", "model=tiny", f"model.path={model_dir}", "model.warmstart.enable=false"],
+                       run_dir=str(tmp_path))
     with pytest.raises(FileExistsError, match="trainer.overwrite"):
         launch(cfg)
     assert not ray.is_initialized()
@@ -576,7 +581,8 @@ def test_cpu_placement_and_its_verl_config(model_dir):
     ray = ray_resources(p)
     assert ray["num_gpus"] == 1 and ray["num_cpus"] >= 3 + 1 + 1  # one {GPU: 1, CPU: 3} bundle, task runner, agents
     assert worker_env(p)["VERL_PLATFORM"] == "cpu"
-    assert vcfg.ray_kwargs.ray_init.num_gpus == 1 and vcfg.ray_kwargs.ray_init.runtime_env.env_vars.VERL_PLATFORM == "cpu"
+    assert vcfg.ray_kwargs.ray_init.num_gpus == 1
+    assert vcfg.ray_kwargs.ray_init.runtime_env.env_vars.VERL_PLATFORM == "cpu"
     assert vcfg.trainer.device == "cpu" and vcfg.trainer.n_gpus_per_node == 1
     ar = vcfg.actor_rollout_ref
     assert ar.rollout.name == "hf" and ar.actor.strategy == "fsdp2" and vcfg.critic.strategy == "fsdp2"
@@ -725,7 +731,8 @@ def test_agent_loop_layout_on_a_scripted_generator(model_dir):
     R = vcfg.actor_rollout_ref.rollout.response_length
     b = out.batch
     assert b["prompts"].shape == (4, P) and b["responses"].shape == (4, R)
-    assert b["input_ids"].shape == (4, P + R) and torch.equal(b["input_ids"], torch.cat([b["prompts"], b["responses"]], 1))
+    assert b["input_ids"].shape == (4, P + R)
+    assert torch.equal(b["input_ids"], torch.cat([b["prompts"], b["responses"]], 1))
     ctx = context_config(vcfg.ragen)
     by_request = {}
     for rid, prompt, ids, params in server.calls:
@@ -1077,7 +1084,8 @@ def _trainer_with_fake_workers(model_dir, tmp_path, algo, *overrides):
 
     from ragen_turn.engines.verl.trainer import StarPOTrainer as cls
 
-    _, vcfg = verl_cfg(model_dir, f"algo={algo}", "agent_proxy.max_turn=3", "actor_rollout_ref.rollout.response_length=12",
+    _, vcfg = verl_cfg(model_dir, f"algo={algo}", "agent_proxy.max_turn=3",
+                       "actor_rollout_ref.rollout.response_length=12",
                        "es_manager.train.env_groups=4", "es_manager.train.group_size=2",
                        "actor_rollout_ref.rollout.rollout_filter_ratio=0.5", "ppo_mini_batch_size=2",
                        "trainer.total_training_steps=2", "trainer.save_freq=1", "trainer.test_freq=2",

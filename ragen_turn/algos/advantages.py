@@ -358,7 +358,8 @@ def bi_level_gae_advantage(*, turn_rewards: torch.Tensor, turn_mask: torch.Tenso
 @torch.no_grad()
 def turn_gae_advantage(*, turn_rewards: torch.Tensor, turn_mask: torch.Tensor, turn_ids: torch.Tensor,
                        response_mask: torch.Tensor, group_ids: Optional[torch.Tensor], values: Optional[torch.Tensor],
-                       config: Any, bootstrap_values: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+                       config: Any, bootstrap_values: Optional[torch.Tensor] = None
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
     """Turn-PPO's turn GAE, the one pipeline both engines run: V(s_h) = the value at turn h's first token
     (0 without a critic), :func:`compute_turn_gae` over the turns, whitened over turns (each turn is one
     sample of the turn-MDP), then turn h's advantage on every token of turn h ``[B, T]``; the returns stay per

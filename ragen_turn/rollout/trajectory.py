@@ -148,5 +148,6 @@ class Trajectory:
 
     @property
     def position_ids(self) -> torch.Tensor:
-        """``[B, T]``: HF ``generate``'s positions for the rows (:func:`~ragen_turn.models.logprobs.positions_from_mask`)."""
+        """``[B, T]``: HF ``generate``'s positions for the rows
+        (:func:`~ragen_turn.models.logprobs.positions_from_mask`)."""
         return positions_from_mask(self.attention_mask)

@@ -23,7 +23,7 @@ import random
 import shutil
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 import torch
@@ -48,7 +48,6 @@ from ragen_turn.engines.common import (advantage_metrics, compute_advantages, cr
 from ragen_turn.engines.rundir import (
     DiskFull,
     TrainingStopped,
-    atomic_write_text,
     crash_point,
     record_config,
     run_complete,
@@ -89,7 +88,8 @@ def evaluate_policy(model, tokenizer, cfg: DictConfig, envs: EnvGroupManager, de
     sampler = LocalSampler(model, tokenizer, temperature=r.val_temperature, top_p=1.0 if r.val_temperature else r.top_p,
                            device=device, generator=torch.Generator().manual_seed(int(cfg.seed)),
                            micro_batch_size=r.micro_batch_size, prefix_cache=r.prefix_cache)
-    episodes = run_episodes(envs.assign_seeds(cfg.seed, 0), sampler, ChatFormatter(tokenizer), context_config(cfg), log=log)
+    episodes = run_episodes(envs.assign_seeds(cfg.seed, 0), sampler, ChatFormatter(tokenizer), context_config(cfg),
+                            log=log)
     batch = Trajectory.from_episodes(episodes, tokenizer.pad_token_id)
     if on_batch is not None:
         on_batch(batch)
@@ -584,7 +584,8 @@ class StarPOTrainer:
             t1 = time.time()
             metrics.update(collapse_metrics(self.actor, self.tokenizer, batch.episodes, self.device,
                                             self.cfg.trainer.get("collapse_num_samples", 64),
-                                            self.cfg.micro_batch_size_per_gpu, derived_seed(self.cfg.seed, self.step, 11)))
+                                            self.cfg.micro_batch_size_per_gpu,
+                                            derived_seed(self.cfg.seed, self.step, 11)))
             metrics["perf/collapse_s"] = time.time() - t1
         batch = self.filter_groups(batch)
         metrics.update(self.filter_metrics)
@@ -664,7 +665,8 @@ class StarPOTrainer:
         first = self.step
         if self.step == 0 and cfg.val_before_train:
             then = f"every {cfg.test_freq} steps and at the end" if cfg.test_freq else "at the end"
-            self.log(f"[ragen_turn] {val_split_name(self.cfg)} evaluation before RL: {len(self.val_envs)} episodes (then {then})")
+            self.log(f"[ragen_turn] {val_split_name(self.cfg)} evaluation before RL: {len(self.val_envs)} episodes "
+                     f"(then {then})")
             t = time.time()
             m = {"step": 0, **self.evaluate()}
             m["perf/val_s"] = time.time() - t

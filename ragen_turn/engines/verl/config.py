@@ -1,4 +1,5 @@
-"""``engine=verl``: our Hydra config -> verl 0.9.1's config (``actor_rollout_ref``, ``critic``, ``algorithm``, ``trainer``).
+"""``engine=verl``: our Hydra config -> verl 0.9.1's config (``actor_rollout_ref``, ``critic``, ``algorithm``,
+``trainer``).
 
 verl's full default config is the ``_generated_ppo_trainer.yaml`` that verl ships (what its Hydra
 ``ppo_trainer`` composes to). :func:`to_verl_config` overlays our keys on it, RAGEN's names going
@@ -155,7 +156,8 @@ def check_ragen_config(cfg: DictConfig, host: Optional[Host] = None) -> Placemen
     if cfg.critic.level != "none" and cfg.critic.get("shared_backbone", False):
         raise ValueError("critic.shared_backbone=true runs on engine=local only: verl trains a separate critic model")
     if cfg.algorithm.get("bootstrap_truncated", False):
-        raise ValueError("algorithm.bootstrap_truncated=true runs on engine=local only: verl's critic returns the values "
+        raise ValueError("algorithm.bootstrap_truncated=true runs on engine=local only: verl's critic returns the "
+                         "values "
                          "before each response token and drops the one after the last token, which the bootstrap reads")
     if cfg.trainer.get("time_budget_s") is not None:
         raise ValueError("trainer.time_budget_s runs on engine=local only: on verl, set trainer.total_training_steps")

@@ -74,7 +74,8 @@ class Request:
         stop = params.get("stop") or ()
         stop = (stop,) if isinstance(stop, str) else tuple(s for s in stop if s)
         seed = params.get("seed")
-        req = cls(prompt_ids=[int(t) for t in prompt_ids], max_tokens=int(params.get("max_tokens") or default_max_tokens),
+        req = cls(prompt_ids=[int(t) for t in prompt_ids],
+                  max_tokens=int(params.get("max_tokens") or default_max_tokens),
                   temperature=float(params.get("temperature", 1.0)), top_p=float(params.get("top_p", 1.0)),
                   top_k=int(params.get("top_k", -1) or -1), seed=None if seed is None else int(seed), stop=stop,
                   stop_token_ids=tuple(int(t) for t in (params.get("stop_token_ids") or ())))
