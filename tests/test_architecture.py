@@ -1,4 +1,4 @@
-"""The import rules of DESIGN.md, checked on the source (``ast``), so a violation fails here first.
+"""The import rules of docs/ARCHITECTURE.md, checked on the source (``ast``), so a violation fails here first.
 
 - the engines never import each other (``engines/local`` <-> ``engines/verl``);
 - ``ragen_turn/algos`` is pure torch: it imports no engine, env, rollout, model or config module;

@@ -23,7 +23,7 @@ class CriticModel(torch.nn.Module):
 
     `forward(input_ids[B,T], attention_mask[B,T], position_ids[B,T] | None) -> values[B,T]` (float32):
     `values[:, t]` is V read at the hidden state of token t. Padding positions hold arbitrary numbers: mask them.
-    The turn critic reads V(s_h) at the last token before turn h's first response token (see DESIGN.md).
+    The turn critic reads V(s_h) at the last token before turn h's first response token (docs/SPEC.md, "Critic").
 
     The head is zero-initialised by default (`init_std=0.0`), so a fresh critic predicts 0 everywhere.
     """

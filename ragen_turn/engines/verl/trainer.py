@@ -285,7 +285,7 @@ class StarPOTrainer(RayPPOTrainer):
         """verl's critic update (its value loss) on :func:`critic_batch` (turn starts only for a turn critic)."""
         out = self._update_critic(critic_batch(batch, traj, self.rcfg.critic.level))
         metrics = reduce_metrics(out.meta_info["metrics"])
-        if "critic/vf_loss" in metrics:  # our name (DESIGN.md) for verl's
+        if "critic/vf_loss" in metrics:  # our name for verl's
             metrics["critic/value_loss"] = metrics["critic/vf_loss"]
         return metrics
 
