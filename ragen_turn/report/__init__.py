@@ -34,7 +34,9 @@ without training: ``--list-jobs env=sokoban algo=turn_ppo +sweep=gamma_lambda`` 
 
 The package, one module per job (each imports only those above it):
 
-- ``runs.py``: finding and reading run directories (:class:`Run`, :func:`load_run`, :func:`keep_runs`);
+- ``runs.py``: finding and reading run directories (:class:`Run`, :func:`load_run`, :func:`keep_runs`); it
+  parses ``metrics.jsonl`` with :func:`ragen_turn.runfiles.read_step_rows`, on the parser the trainers' resume
+  uses too, and takes the file names and metric keys from :mod:`ragen_turn.runfiles`;
 - ``intervals.py``: IQM, stratified bootstrap CIs, probability of improvement (on scipy);
 - ``stats.py``: per-run and per-group numbers; ``groups.py``: one group per experiment;
 - ``tables.py``: the Markdown; ``plots.py``: the figures; ``build.py``: :func:`build_report`; ``cli.py``: ``main``.

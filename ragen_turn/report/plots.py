@@ -6,9 +6,10 @@ import math
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ragen_turn.report.runs import (CLIP_TOKEN, CLIP_TURN, ENTROPY, FORMAT_ERRORS, KL, RESPONSE_TOKENS,
-                                    TRAIN_REWARD, TRAIN_SUCCESS, VAL_REWARD, VAL_SUCCESS, Run, _finite)
+from ragen_turn.report.runs import Run, _finite
 from ragen_turn.report.stats import smooth
+from ragen_turn.runfiles import (CLIP_TOKEN, CLIP_TURN, ENTROPY, FORMAT_ERRORS, KL, RESPONSE_TOKENS, TRAIN_REWARD,
+                                 TRAIN_SUCCESS, VAL_REWARD, VAL_SUCCESS)
 
 
 def _curve(runs: Sequence[Run], key: str, smooth_window: int = 1) -> Tuple[List[int], List[float], List[float]]:

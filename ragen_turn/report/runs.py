@@ -10,19 +10,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
+from ragen_turn.runfiles import (CLIP_TOKEN, CLIP_TURN, CONFIG_FILE, ENTROPY, EVAL_PREFIX, FORMAT_ERRORS, KL,
+                                 METRICS_FILE, PROVENANCE_FILE, RESPONSE_TOKENS, STEP_S, TRAIN_REWARD,
+                                 TRAIN_SUCCESS, VAL_REWARD, VAL_S, VAL_SUCCESS, as_number, read_step_rows)
 
-VAL_SUCCESS, VAL_REWARD = "val/success", "val/reward"
-TRAIN_SUCCESS, TRAIN_REWARD = "env/success", "env/reward"
-CLIP_TOKEN, CLIP_TURN, KL = "actor/clip_frac_token", "actor/clip_frac_turn", "actor/approx_kl"
-STEP_S, VAL_S = "perf/step_s", "perf/val_s"
-ENTROPY, FORMAT_ERRORS, RESPONSE_TOKENS = "actor/entropy", "env/format_error_rate", "env/response_tokens"
+# the keys whose null / non-finite values each run counts (the NaN column)
 USED_KEYS = (VAL_SUCCESS, VAL_REWARD, TRAIN_SUCCESS, TRAIN_REWARD, CLIP_TOKEN, CLIP_TURN, KL, STEP_S)
 # what --keep-runs keeps of a run's metrics: every key the report reads
 KEPT_KEYS = frozenset(USED_KEYS + (VAL_S, ENTROPY, FORMAT_ERRORS, RESPONSE_TOKENS))
 KEPT_PREFIXES = ("val/", "collapse/")
-
-
-NAN = float("nan")
 
 
 @dataclass
@@ -30,7 +26,7 @@ class Run:
     path: Path
     config: Dict[str, Any]
     rows: List[Dict[str, Any]]          # one per step, sorted by step; values float (NaN for null) or raw
-    bad_lines: int = 0                  # lines that were not JSON (a write cut off by a crash)
+    bad_lines: int = 0                  # lines not JSON objects, or without a step (runfiles.read_step_rows)
     nan_counts: Dict[str, int] = field(default_factory=dict)  # null / non-finite values per used key
     evals: Dict[str, Dict[str, Any]] = field(default_factory=dict)  # eval_<name>.json in the run dir (eval.sh)
 
@@ -66,13 +62,7 @@ class Run:
         return steps, vals
 
 
-def _num(v: Any) -> float:
-    if v is None or isinstance(v, bool):
-        return NAN
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        return NAN
+_num = as_number  # a metric value as a float (NaN for null and non-numbers): ragen_turn.runfiles.as_number
 
 
 def _finite(v: float) -> bool:
@@ -107,46 +97,31 @@ def load_config(path: Path) -> Dict[str, Any]:
 
 
 def load_run(run_dir: Path) -> Run:
+    """A run directory as a :class:`Run`: its ``config.yaml`` (``{}`` when unreadable), one row per step of
+    its ``metrics.jsonl`` (:func:`ragen_turn.runfiles.read_step_rows`, the parser the trainers use too: the
+    last line of a repeated step wins; lines that are not JSON objects are counted as ``bad_lines``) and its
+    ``eval_<name>.json`` files."""
     run_dir = Path(run_dir)
-    config = load_config(run_dir / "config.yaml")
-    by_step: Dict[int, Dict[str, Any]] = {}
-    bad = 0
-    mpath = run_dir / "metrics.jsonl"
-    text = mpath.read_text(errors="replace") if mpath.is_file() else ""
-    for line in text.splitlines():
-        line = line.strip()
-        if not line:
-            continue
-        try:
-            row = json.loads(line)  # json accepts NaN / Infinity too
-        except json.JSONDecodeError:
-            bad += 1
-            continue
-        if not isinstance(row, dict) or _num(row.get("step")) != _num(row.get("step")):
-            bad += 1
-            continue
-        row = {k: (_num(v) if (v is None or isinstance(v, (int, float))) and k != "step" else v)
-               for k, v in row.items()}
-        by_step[int(row["step"])] = row  # a resumed run may repeat steps: the last line wins
-    rows = [by_step[s] for s in sorted(by_step)]
+    config = load_config(run_dir / CONFIG_FILE)
+    rows, bad = read_step_rows(run_dir / METRICS_FILE)
     nan_counts = {k: sum(1 for r in rows if k in r and not _finite(r[k])) for k in USED_KEYS}
     evals = {}
-    for f in sorted(run_dir.glob("eval_*.json")):
+    for f in sorted(run_dir.glob(f"{EVAL_PREFIX}*.json")):
         try:
             data = json.loads(f.read_text())
         except (OSError, json.JSONDecodeError):
             continue
         if isinstance(data, dict):
-            evals[f.stem[len("eval_"):]] = data
+            evals[f.stem[len(EVAL_PREFIX):]] = data
     return Run(path=run_dir, config=config, rows=rows, bad_lines=bad, nan_counts=nan_counts, evals=evals)
 
 
 def _is_run_dir(d: Path) -> bool:
     if d.name == ".hydra" or "checkpoints" in d.parts:
         return False
-    if (d / "metrics.jsonl").is_file():
+    if (d / METRICS_FILE).is_file():
         return True
-    cfg = d / "config.yaml"  # a run that stopped before its first metrics line still has its config
+    cfg = d / CONFIG_FILE  # a run that stopped before its first metrics line still has its config
     return cfg.is_file() and "trainer" in load_config(cfg)
 
 
@@ -155,7 +130,7 @@ def find_runs(paths: Iterable[str]) -> List[Path]:
     found: List[Path] = []
     for p in paths:
         p = Path(p)
-        if p.is_file() and p.name in ("metrics.jsonl", "config.yaml"):
+        if p.is_file() and p.name in (METRICS_FILE, CONFIG_FILE):
             p = p.parent
         if not p.exists():
             raise FileNotFoundError(f"{str(p)!r} does not exist")
@@ -165,7 +140,7 @@ def find_runs(paths: Iterable[str]) -> List[Path]:
         for root, dirs, files in os.walk(p):
             dirs[:] = sorted(x for x in dirs if x not in (".hydra", "checkpoints"))
             d = Path(root)
-            if ("metrics.jsonl" in files or "config.yaml" in files) and _is_run_dir(d):
+            if (METRICS_FILE in files or CONFIG_FILE in files) and _is_run_dir(d):
                 found.append(d)
                 dirs[:] = [x for x in dirs if x != "hydra"]
     seen, out = set(), []
@@ -213,8 +188,8 @@ def keep_runs(runs: Sequence[Run], dest: Path) -> Path:
         d.mkdir(parents=True, exist_ok=True)
         rows = [{k: _json_value(v) for k, v in row.items()
                  if k == "step" or k in KEPT_KEYS or k.startswith(KEPT_PREFIXES)} for row in r.rows]
-        (d / "metrics.jsonl").write_text("".join(json.dumps(x, sort_keys=True) + "\n" for x in rows))
-        for f in [r.path / "config.yaml", r.path / "provenance.json", *sorted(r.path.glob("eval_*.json"))]:
+        (d / METRICS_FILE).write_text("".join(json.dumps(x, sort_keys=True) + "\n" for x in rows))
+        for f in [r.path / CONFIG_FILE, r.path / PROVENANCE_FILE, *sorted(r.path.glob(f"{EVAL_PREFIX}*.json"))]:
             if f.is_file():
                 shutil.copyfile(f, d / f.name)
     return dest

@@ -7,7 +7,8 @@ from __future__ import annotations
 import math
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ragen_turn.report.runs import NAN, STEP_S, TRAIN_SUCCESS, VAL_S, VAL_SUCCESS, Run, _finite, get_key
+from ragen_turn.report.runs import Run, _finite, get_key
+from ragen_turn.runfiles import NAN, STEP_S, TRAIN_SUCCESS, VAL_S, VAL_SUCCESS
 
 
 def mean_std(values: Sequence[float]) -> Tuple[float, float, int]:

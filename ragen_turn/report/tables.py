@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ragen_turn.report.runs import (CLIP_TOKEN, CLIP_TURN, KL, NAN, STEP_S, TRAIN_SUCCESS, VAL_REWARD,
-                                    VAL_SUCCESS, Run, _finite, _num, get_key)
+from ragen_turn.report.runs import Run, _finite, _num, get_key
 from ragen_turn.report.stats import (INTERVAL_METRICS, IMPROVEMENT_METRIC, _strata, best_eval, final_eval,
                                      init_eval, max_drop, mean_std, smooth, steps_to_threshold, train_mean,
                                      wall_minutes)
+from ragen_turn.runfiles import CLIP_TOKEN, CLIP_TURN, KL, NAN, STEP_S, TRAIN_SUCCESS, VAL_REWARD, VAL_SUCCESS
 
 
 TRAIN_TAIL = 5  # "final train success" = mean over the last TRAIN_TAIL training steps
