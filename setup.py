@@ -9,6 +9,7 @@ PACKAGES = [
     "ragen_turn.engines",
     "ragen_turn.engines.local",
     "ragen_turn.engines.verl",
+    "ragen_turn.report",
     "ragen_turn.models",
     "ragen_turn.envs",
     "ragen_turn.envs.sokoban",
@@ -47,7 +48,7 @@ setup(
         "search_qa": ["bm25s>=0.2"],
         "parquet": ["pyarrow"],          # search_qa: Search-R1's QA parquet files
         "plot": ["matplotlib"],
-        # report.py's interval estimates (IQM, stratified bootstrap CIs, probability of improvement)
+        # ragen_turn.report's interval estimates (IQM, stratified bootstrap CIs, probability of improvement)
         "stats": ["scipy>=1.15"],
         "smol": ["gguf", "accelerate"],
         "wandb": ["wandb"],

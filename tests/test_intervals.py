@@ -1,5 +1,5 @@
-"""ragen_turn.intervals: IQM, probability of improvement and the stratified bootstrap against hand cases, scipy's
-Mann-Whitney U and a slow numpy resampler."""
+"""ragen_turn.report.intervals: IQM, probability of improvement and the stratified bootstrap against hand cases,
+scipy's Mann-Whitney U and a slow numpy resampler."""
 from __future__ import annotations
 
 import math
@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("scipy")
 from scipy.stats import mannwhitneyu  # noqa: E402
 
-from ragen_turn import intervals as I  # noqa: E402
+from ragen_turn.report import intervals as I  # noqa: E402
 
 
 @pytest.mark.parametrize("tasks, expected", [

@@ -17,6 +17,7 @@ import torch
 
 from ragen_turn.engines.rundir import atomic_write_text, writing
 from ragen_turn.rollout import Trajectory
+from ragen_turn.runfiles import PROVENANCE_FILE, VAL_SUCCESS, read_metrics
 
 
 def episode_metrics(batch: Trajectory, prefix: str = "env") -> Dict[str, float]:
@@ -125,9 +126,6 @@ def append_metrics(path: Path, metrics: Mapping[str, Any]) -> None:
         f.write(json.dumps(clean, sort_keys=True) + "\n")
 
 
-PROVENANCE_FILE = "provenance.json"
-
-
 def weights_sha256(model: torch.nn.Module) -> str:
     """sha256 of a model's parameters and buffers (names, dtypes, shapes and bytes, in state-dict order)."""
     import hashlib
@@ -183,28 +181,6 @@ def write_generations(path: Path, step: int, episodes: List[Any], texts: List[st
                               "success": bool(e.success), "text": text})
 
 
-def read_metrics(path: Path, log: Callable[[str], None] = print) -> List[Dict[str, Any]]:
-    """The lines of ``metrics.jsonl`` as dicts. A torn last line (a crash mid-write) is dropped with a warning
-    naming the file; an unreadable line before the last raises ``ValueError`` naming the file and line."""
-    path = Path(path)
-    lines = path.read_text(errors="replace").splitlines()
-    rows: List[Dict[str, Any]] = []
-    for i, ln in enumerate(lines):
-        if not ln.strip():
-            continue
-        try:
-            row = json.loads(ln)
-            if not isinstance(row, dict):
-                raise ValueError(f"a {type(row).__name__}, not an object")
-        except ValueError as e:
-            if i == len(lines) - 1 or not any(x.strip() for x in lines[i + 1:]):
-                log(f"[warn] {path}: dropped its torn last line {i + 1} ({len(ln)} chars: {e})")
-                break
-            raise ValueError(f"{path} line {i + 1} is not a JSON object ({e}); fix or remove that line") from None
-        rows.append(row)
-    return rows
-
-
 def truncate_metrics(path: Path, step: int, log: Callable[[str], None] = print) -> None:
     """Resume rule: keep the lines of steps ``<= step`` (the checkpoint's step); ``step == 0`` (a fresh run)
     removes the log. A torn last line is dropped (:func:`read_metrics`). The file is replaced atomically."""
@@ -218,7 +194,7 @@ def truncate_metrics(path: Path, step: int, log: Callable[[str], None] = print) 
     atomic_write_text(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
 
 
-def held_out_history(rows: List[Mapping[str, Any]], key: str = "val/success") -> List[Tuple[int, float]]:
+def held_out_history(rows: List[Mapping[str, Any]], key: str = VAL_SUCCESS) -> List[Tuple[int, float]]:
     """``[(step, value)]`` of the held-out evaluations in a run's metrics rows (null values left out)."""
     return [(int(r["step"]), float(r[key])) for r in rows if r.get(key) is not None]
 

@@ -1,0 +1,195 @@
+"""Finding and reading run directories: :class:`Run` (a run's config, one metrics row per step, its extra
+evaluations), :func:`find_runs`, :func:`load_run`, :func:`dedupe_runs` (a run found twice counts once) and
+:func:`keep_runs` (``--keep-runs``: the compact copy a results page is rebuilt from)."""
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+
+from ragen_turn.runfiles import (CLIP_TOKEN, CLIP_TURN, CONFIG_FILE, ENTROPY, EVAL_PREFIX, FORMAT_ERRORS, KL,
+                                 METRICS_FILE, PROVENANCE_FILE, RESPONSE_TOKENS, STEP_S, TRAIN_REWARD,
+                                 TRAIN_SUCCESS, VAL_REWARD, VAL_S, VAL_SUCCESS, as_number, read_step_rows)
+
+# the keys whose null / non-finite values each run counts (the NaN column)
+USED_KEYS = (VAL_SUCCESS, VAL_REWARD, TRAIN_SUCCESS, TRAIN_REWARD, CLIP_TOKEN, CLIP_TURN, KL, STEP_S)
+# what --keep-runs keeps of a run's metrics: every key the report reads
+KEPT_KEYS = frozenset(USED_KEYS + (VAL_S, ENTROPY, FORMAT_ERRORS, RESPONSE_TOKENS))
+KEPT_PREFIXES = ("val/", "collapse/")
+
+
+@dataclass
+class Run:
+    path: Path
+    config: Dict[str, Any]
+    rows: List[Dict[str, Any]]          # one per step, sorted by step; values float (NaN for null) or raw
+    bad_lines: int = 0                  # lines not JSON objects, or without a step (runfiles.read_step_rows)
+    nan_counts: Dict[str, int] = field(default_factory=dict)  # null / non-finite values per used key
+    evals: Dict[str, Dict[str, Any]] = field(default_factory=dict)  # eval_<name>.json in the run dir (eval.sh)
+
+    @property
+    def last_step(self) -> Optional[int]:
+        return int(self.rows[-1]["step"]) if self.rows else None
+
+    @property
+    def total_steps(self) -> Optional[int]:
+        v = get_key(self.config, "trainer.total_training_steps")
+        return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+    @property
+    def complete(self) -> bool:
+        total, last = self.total_steps, self.last_step
+        return total is not None and last is not None and last >= total
+
+    def status(self) -> str:
+        total = self.total_steps if self.total_steps is not None else "?"
+        if not self.rows:
+            return f"running or crashed: no metrics yet, of {total} steps"
+        if self.complete:
+            return "complete"
+        return f"running or crashed: last step {self.last_step} of {total}"
+
+    def series(self, key: str) -> Tuple[List[int], List[float]]:
+        """(steps, values) of ``key`` over the rows that have it; values may be NaN (null in the log)."""
+        steps, vals = [], []
+        for r in self.rows:
+            if key in r:
+                steps.append(int(r["step"]))
+                vals.append(_num(r[key]))
+        return steps, vals
+
+
+_num = as_number  # a metric value as a float (NaN for null and non-numbers): ragen_turn.runfiles.as_number
+
+
+def _finite(v: float) -> bool:
+    return isinstance(v, float) and math.isfinite(v)
+
+
+def get_key(cfg: Dict[str, Any], dotted: str, default: Any = None) -> Any:
+    cur: Any = cfg
+    for part in dotted.split("."):
+        if isinstance(cur, dict) and part in cur:
+            cur = cur[part]
+        else:
+            return default
+    return cur
+
+
+def load_config(path: Path) -> Dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        import yaml
+
+        data = yaml.safe_load(path.read_text())
+    except Exception:  # noqa: BLE001 - an unreadable config only loses the grouping keys
+        try:
+            from omegaconf import OmegaConf
+
+            data = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+        except Exception:  # noqa: BLE001
+            return {}
+    return data if isinstance(data, dict) else {}
+
+
+def load_run(run_dir: Path) -> Run:
+    """A run directory as a :class:`Run`: its ``config.yaml`` (``{}`` when unreadable), one row per step of
+    its ``metrics.jsonl`` (:func:`ragen_turn.runfiles.read_step_rows`, the parser the trainers use too: the
+    last line of a repeated step wins; lines that are not JSON objects are counted as ``bad_lines``) and its
+    ``eval_<name>.json`` files."""
+    run_dir = Path(run_dir)
+    config = load_config(run_dir / CONFIG_FILE)
+    rows, bad = read_step_rows(run_dir / METRICS_FILE)
+    nan_counts = {k: sum(1 for r in rows if k in r and not _finite(r[k])) for k in USED_KEYS}
+    evals = {}
+    for f in sorted(run_dir.glob(f"{EVAL_PREFIX}*.json")):
+        try:
+            data = json.loads(f.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if isinstance(data, dict):
+            evals[f.stem[len(EVAL_PREFIX):]] = data
+    return Run(path=run_dir, config=config, rows=rows, bad_lines=bad, nan_counts=nan_counts, evals=evals)
+
+
+def _is_run_dir(d: Path) -> bool:
+    if d.name == ".hydra" or "checkpoints" in d.parts:
+        return False
+    if (d / METRICS_FILE).is_file():
+        return True
+    cfg = d / CONFIG_FILE  # a run that stopped before its first metrics line still has its config
+    return cfg.is_file() and "trainer" in load_config(cfg)
+
+
+def find_runs(paths: Iterable[str]) -> List[Path]:
+    """Run directories (holding metrics.jsonl, or config.yaml of a run that logged nothing yet) under ``paths``."""
+    found: List[Path] = []
+    for p in paths:
+        p = Path(p)
+        if p.is_file() and p.name in (METRICS_FILE, CONFIG_FILE):
+            p = p.parent
+        if not p.exists():
+            raise FileNotFoundError(f"{str(p)!r} does not exist")
+        if _is_run_dir(p):
+            found.append(p)
+            continue
+        for root, dirs, files in os.walk(p):
+            dirs[:] = sorted(x for x in dirs if x not in (".hydra", "checkpoints"))
+            d = Path(root)
+            if (METRICS_FILE in files or CONFIG_FILE in files) and _is_run_dir(d):
+                found.append(d)
+                dirs[:] = [x for x in dirs if x != "hydra"]
+    seen, out = set(), []
+    for d in found:
+        key = d.resolve()
+        if key not in seen:
+            seen.add(key)
+            out.append(d)
+    return out
+
+
+def dedupe_runs(runs: Sequence[Run], log=print) -> List[Run]:
+    """A run found twice counts once, as the copy that got furthest (the first found on a tie). Twice = the same
+    directory name and the same config (a kept copy, ``<out>/runs/<name>``, holds its run's ``config.yaml``, whose
+    resolved ``trainer.default_local_dir`` tells runs of one name in different sweep dirs apart)."""
+    best: Dict[Tuple[str, str], Run] = {}
+    for r in runs:
+        key = (r.path.name, json.dumps(r.config, sort_keys=True, default=str))
+        old = best.get(key)
+        if old is None:
+            best[key] = r
+            continue
+        keep, drop = (r, old) if (r.last_step or -1) > (old.last_step or -1) else (old, r)
+        log(f"[report] {key[0]}: using {keep.path} (last step {keep.last_step}), not {drop.path} ({drop.last_step})")
+        best[key] = keep
+    return list(best.values())
+
+
+def _json_value(v: Any) -> Any:
+    return None if isinstance(v, float) and not math.isfinite(v) else v
+
+
+def keep_runs(runs: Sequence[Run], dest: Path) -> Path:
+    """``--keep-runs``: each run's config, provenance (host, versions, starting weights) and its metrics cut to the
+    keys the report reads (a few KB a run) into ``dest/<run name>/``, so the report can be rebuilt from ``dest``
+    alone, after the runs themselves are gone (``results/<setting>/runs/`` is committed; a later sweep's runs
+    are added beside them)."""
+    import shutil
+
+    dest.mkdir(parents=True, exist_ok=True)
+    for r in runs:
+        d = dest / r.path.name
+        if d.resolve() == r.path.resolve():
+            continue
+        d.mkdir(parents=True, exist_ok=True)
+        rows = [{k: _json_value(v) for k, v in row.items()
+                 if k == "step" or k in KEPT_KEYS or k.startswith(KEPT_PREFIXES)} for row in r.rows]
+        (d / METRICS_FILE).write_text("".join(json.dumps(x, sort_keys=True) + "\n" for x in rows))
+        for f in [r.path / CONFIG_FILE, r.path / PROVENANCE_FILE, *sorted(r.path.glob(f"{EVAL_PREFIX}*.json"))]:
+            if f.is_file():
+                shutil.copyfile(f, d / f.name)
+    return dest
