@@ -59,7 +59,7 @@ def evaluate_checkpoint(cfg: DictConfig, on_envs=None) -> dict:
 
     from ragen_turn.config import validate_config
     from ragen_turn.engines.local.trainer import evaluate_policy
-    from ragen_turn.engines.runtime import pick_device
+    from ragen_turn.runtime import pick_device
     from ragen_turn.models import load_model_and_tokenizer
     from ragen_turn.rollout import EnvGroupManager
 

@@ -312,7 +312,7 @@ class MultirunSummary(Callback):
         self.rows.append((value or {}, None if ok else repr(getattr(job_return, "_return_value", "failed"))))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        from ragen_turn.engines.runlog import fmt_duration
+        from ragen_turn.runtime import fmt_duration
 
         def num(v):
             return "-" if v is None else f"{v:.3f}"

@@ -21,7 +21,7 @@ from typing import Any, Dict, List
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from ragen_turn.engines.runlog import eta
+from ragen_turn.runtime import eta
 from ragen_turn.models import default_cache_root, sequence_logprobs
 from ragen_turn.models.tiny import DEFAULT_CONFIG as TINY_DEFAULTS
 from ragen_turn.rollout import (
@@ -279,7 +279,7 @@ def warmstart(model: torch.nn.Module, tokenizer: Any, cfg: DictConfig, log=print
     """Return ``model`` after SFT on demonstrations, loading the cached result when it exists."""
     from transformers import AutoModelForCausalLM
 
-    from ragen_turn.engines.runtime import pick_device
+    from ragen_turn.runtime import pick_device
 
     path = cache_dir(cfg, tokenizer)
     if (path / "warmstart.json").is_file():

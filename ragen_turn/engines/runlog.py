@@ -17,6 +17,7 @@ import torch
 
 from ragen_turn.engines.rundir import atomic_write_text, writing
 from ragen_turn.rollout import Trajectory
+from ragen_turn.runtime import eta, fmt_duration  # noqa: F401  (re-exported: the trainers' progress lines)
 from ragen_turn.runfiles import PROVENANCE_FILE, VAL_SUCCESS, read_metrics
 
 
@@ -65,23 +66,6 @@ def run_header(cfg: Any, trainer: str, start: int, n_episodes: int, out_dir: Any
             f"loss={cfg.actor_rollout_ref.actor.policy_loss.loss_mode} adv={cfg.algorithm.adv_estimator} "
             f"critic={cfg.critic.level}{dev} batch={n_episodes} episodes, "
             f"steps {start}->{cfg.trainer.total_training_steps}, out={out_dir}")
-
-
-def fmt_duration(seconds: float) -> str:
-    """``42s``, ``3m05s``, ``1h02m``."""
-    s = int(round(max(0.0, float(seconds))))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s // 3600}h{(s % 3600) // 60:02d}m"
-
-
-def eta(done: int, total: int, elapsed: float) -> str:
-    """``elapsed, ETA left`` after ``done`` of ``total`` equal units of work that took ``elapsed`` seconds."""
-    if done <= 0 or total <= done:
-        return fmt_duration(elapsed)
-    return f"{fmt_duration(elapsed)}, ETA {fmt_duration(elapsed / done * (total - done))}"
 
 
 def progress_line(m: Mapping[str, Any], total: Optional[int] = None, timing: str = "") -> str:

@@ -13,7 +13,7 @@ The advantage estimator and the policy loss come from the config by name; the cr
 (``critic.level``, from its registry entry): none, a token critic, or the turn critic V(s_h), which is the
 same critic trained only at the turn starts on return_h (``engines.common.critic_targets``, shared with the
 verl engine). Config checks, device/seeds and what a run logs live outside the engine (``ragen_turn.config``,
-``engines.runtime``, ``engines.runlog``).
+``runtime``, ``engines.runlog``).
 """
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ from ragen_turn.engines.runlog import (
     val_split_name,
     write_generations,
 )
-from ragen_turn.engines.runtime import derived_seed, pick_device, seed_everything
+from ragen_turn.runtime import derived_seed, pick_device, seed_everything
 from ragen_turn.models import CriticModel, load_model_and_tokenizer, logprobs_and_hidden, sequence_logprobs
 from ragen_turn.rollout import ChatFormatter, EnvGroupManager, Trajectory, context_config, run_episodes, throttled
 from ragen_turn.rollout.context import check_context_fits

@@ -50,7 +50,7 @@ from ragen_turn.engines import checkpoints as ckpt
 from ragen_turn.engines.common import (advantage_metrics, compute_advantages, critic_targets, filter_rows,
                                       normalized_turn_rewards, pad_rows)
 from ragen_turn.engines.rundir import crash_point, record_config, run_complete, writing
-from ragen_turn.engines.runtime import derived_seed
+from ragen_turn.runtime import derived_seed
 from ragen_turn.engines.runlog import (
     GENERATIONS_FILE, append_metrics, episode_metrics, progress_line, record_provenance, run_header, truncate_metrics,
     write_generations,

@@ -1,4 +1,5 @@
-"""Where a run computes and how it is seeded: the torch device and the random seeds (both engines, SFT, eval)."""
+"""Where a run computes, how it is seeded and how long it takes: the torch device, the random seeds, durations and
+ETAs for progress lines (both engines, SFT, eval: a leaf any of them imports)."""
 from __future__ import annotations
 
 import random
@@ -24,3 +25,20 @@ def seed_everything(seed: int) -> None:
 def derived_seed(*parts: int) -> int:
     """A seed in [0, 2**63) from a tuple of ints (run seed, step, purpose ...): independent streams per tuple."""
     return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1, dtype=np.uint64)[0] % (2**63))
+
+
+def fmt_duration(seconds: float) -> str:
+    """``42s``, ``3m05s``, ``1h02m``."""
+    s = int(round(max(0.0, float(seconds))))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+
+
+def eta(done: int, total: int, elapsed: float) -> str:
+    """``elapsed, ETA left`` after ``done`` of ``total`` equal units of work that took ``elapsed`` seconds."""
+    if done <= 0 or total <= done:
+        return fmt_duration(elapsed)
+    return f"{fmt_duration(elapsed)}, ETA {fmt_duration(elapsed / done * (total - done))}"
