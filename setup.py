@@ -1,24 +1,9 @@
-from setuptools import setup
+from setuptools import find_packages, setup
 
-# `envs/` lives at the top level of the repository but installs as `ragen_turn.envs`,
-# so no generic top-level name lands in site-packages.
-PACKAGES = [
-    "ragen_turn",
-    "ragen_turn.algos",
-    "ragen_turn.rollout",
-    "ragen_turn.engines",
-    "ragen_turn.engines.local",
-    "ragen_turn.engines.verl",
-    "ragen_turn.report",
-    "ragen_turn.models",
-    "ragen_turn.envs",
-    "ragen_turn.envs.sokoban",
-    "ragen_turn.envs.webshop",
-    "ragen_turn.envs.search_qa",
-    "ragen_turn.envs.bandit",
-    "ragen_turn.envs.frozen_lake",
-    "ragen_turn.envs.countdown",
-]
+# `envs/` lives at the top level of the repository but installs as `ragen_turn.envs` (its subpackages follow the
+# mapping), so no generic top-level name lands in site-packages.
+PACKAGES = (find_packages(include=["ragen_turn", "ragen_turn.*"])
+            + ["ragen_turn.envs"] + [f"ragen_turn.envs.{p}" for p in find_packages("envs")])
 
 setup(
     name="ragen_turn",
@@ -27,10 +12,7 @@ setup(
     license="Apache-2.0",
     python_requires=">=3.10",
     packages=PACKAGES,
-    package_dir={"ragen_turn.envs": "envs", "ragen_turn.envs.sokoban": "envs/sokoban",
-                 "ragen_turn.envs.webshop": "envs/webshop", "ragen_turn.envs.search_qa": "envs/search_qa",
-                 "ragen_turn.envs.bandit": "envs/bandit", "ragen_turn.envs.frozen_lake": "envs/frozen_lake",
-                 "ragen_turn.envs.countdown": "envs/countdown"},
+    package_dir={"ragen_turn.envs": "envs"},
     package_data={"ragen_turn.envs.webshop": ["data/*.json"], "ragen_turn.envs.search_qa": ["data/*.jsonl.gz"]},
     install_requires=[
         "torch>=2.4",
