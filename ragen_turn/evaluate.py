@@ -53,6 +53,19 @@ def format_table(metrics: dict, title: str) -> str:
     return "\n".join([head, sep, row])
 
 
+def point_at_checkpoint(cfg: DictConfig, ckpt: Path) -> DictConfig:
+    """``cfg`` (in place) set to evaluate the model in ``ckpt`` as it is: ``model.path``, no warm start. RAGEN's
+    ``model_path`` (the run's starting model; held under ``ragen_keys`` from the command line, or at the top
+    level) is cleared, else the alias table would map it back onto ``model.path`` when the config is finalized."""
+    with open_dict(cfg):
+        cfg.model.path = str(ckpt)
+        cfg.model.warmstart.enable = False
+        cfg.model_path = None
+        if OmegaConf.select(cfg, "ragen_keys.model_path", default=None) is not None:
+            cfg.ragen_keys.model_path = None
+    return cfg
+
+
 def evaluate_checkpoint(cfg: DictConfig, on_envs=None) -> dict:
     """The val metrics of ``cfg.checkpoint``; ``on_envs`` (optional) then gets the played ``EnvGroupManager`` (each
     slot's env in its episode's last state, ``slot.seed`` its room). ``cfg`` is pointed at the checkpoint's model
@@ -65,10 +78,7 @@ def evaluate_checkpoint(cfg: DictConfig, on_envs=None) -> dict:
     from ragen_turn.rollout import EnvGroupManager
 
     ckpt = resolve_checkpoint(str(cfg.checkpoint))
-    with open_dict(cfg):
-        cfg.model.path = str(ckpt)
-        cfg.model.warmstart.enable = False
-    finalize(cfg)
+    finalize(point_at_checkpoint(cfg, ckpt))
     device = pick_device(cfg.device)
     model, tok = load_model_and_tokenizer(OmegaConf.to_container(cfg.model, resolve=True), device="cpu",
                                           dtype=cfg.dtype)

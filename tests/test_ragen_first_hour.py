@@ -310,6 +310,22 @@ def test_model_path_in_a_yaml_file_reaches_model_path_through_the_table(tmp_path
         compose_config(["model=hf"], check=True)
 
 
+def test_eval_of_a_model_path_run_loads_the_checkpoint_not_the_starting_model(tmp_path):
+    """A run started with RAGEN's ``model_path=<dir>`` holds that key in its config; evaluating one of its
+    checkpoints points ``model.path`` at the checkpoint, and finalizing the config must not map ``model_path``
+    back over it (it did: the starting model was evaluated)."""
+    from ragen_turn.compose import finalize
+    from ragen_turn.evaluate import point_at_checkpoint
+
+    start, ckpt = tmp_path / "start", tmp_path / "run" / "checkpoints" / "step_2" / "actor"
+    start.mkdir()
+    ckpt.mkdir(parents=True)
+    cfg = micro_config([f"model_path={start}"])
+    assert cfg.model.path == str(start) and cfg.ragen_keys.model_path == str(start)
+    finalize(point_at_checkpoint(cfg, ckpt), check=False)
+    assert cfg.model.path == str(ckpt) and cfg.model.warmstart.enable is False
+
+
 def compose_config_named(overrides, name):
     from ragen_turn.compose import compose_config
 
