@@ -26,7 +26,8 @@ import torch
 
 from ragen_turn.engines.local.sampler import LocalSampler
 from ragen_turn.engines.local.trainer import build_trainer
-from ragen_turn.train import compose_config, quiet_transformers
+from ragen_turn.compose import compose_config
+from ragen_turn.runtime import quiet_transformers
 
 
 def prompts_for(trainer, n: int):

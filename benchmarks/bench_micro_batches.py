@@ -31,7 +31,8 @@ from ragen_turn.config import model_config
 from ragen_turn.engines.local.trainer import build_trainer
 from ragen_turn.models import load_model_and_tokenizer
 from ragen_turn.rollout import Trajectory
-from ragen_turn.train import compose_config, quiet_transformers
+from ragen_turn.compose import compose_config
+from ragen_turn.runtime import quiet_transformers
 from ragen_turn.warmstart import collect_demonstrations, sft
 
 SORTED = Trajectory.micro_batches

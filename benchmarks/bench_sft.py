@@ -19,7 +19,8 @@ from omegaconf import open_dict
 
 from ragen_turn.config import model_config
 from ragen_turn.models import load_model_and_tokenizer
-from ragen_turn.train import compose_config, quiet_transformers
+from ragen_turn.compose import compose_config
+from ragen_turn.runtime import quiet_transformers
 from ragen_turn.warmstart import collect_demonstrations, sft
 
 

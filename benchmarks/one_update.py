@@ -96,7 +96,7 @@ def build(overrides: list[str], run_dir: str, log):
     """A local-engine trainer for ``overrides`` in its own run dir (a fresh start every time)."""
     from ragen_turn.config import validate_config
     from ragen_turn.engines.local.trainer import build_trainer
-    from ragen_turn.train import compose_config
+    from ragen_turn.compose import compose_config
 
     cfg = compose_config(overrides + [f"trainer.default_local_dir={run_dir}", "trainer.overwrite=true"])
     validate_config(cfg)

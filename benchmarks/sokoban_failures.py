@@ -30,7 +30,8 @@ def pass_at_k(tries: list[int], solved: list[int], k: int) -> float:
 
 def main(argv: list[str]) -> None:
     from ragen_turn.evaluate import config_for_eval, evaluate_checkpoint
-    from ragen_turn.train import compose_config, quiet_transformers
+    from ragen_turn.compose import compose_config
+    from ragen_turn.runtime import quiet_transformers
 
     if not argv or argv[0].startswith("-"):
         sys.exit(__doc__)

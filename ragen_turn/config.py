@@ -1,7 +1,8 @@
 """The run configuration: its checks before any work, and the values derived from it that every engine reads.
 
-:func:`validate_config` is the one entry point both engines (and ``evaluate`` / ``report``) call on a
-composed config before building anything: each bad value raises a ``ValueError`` naming its key. The
+:func:`check_resolved` holds the checks the config pipeline (``ragen_turn/compose.py``: ``finalize``) runs
+before building anything; :func:`validate_config` (RAGEN's keys mapped, then the same checks) is what both
+engines call again on the config they are given. Each bad value raises a ``ValueError`` naming its key. The
 keys, their types and their rules are the schema's (``ragen_turn/schema.py``); the checks here are the
 ones that read several keys.
 """
@@ -113,11 +114,8 @@ def kept_batch_size(cfg: DictConfig) -> int | None:
 
 
 def model_config(cfg: DictConfig) -> Dict[str, Any]:
-    """The ``model`` section as a plain dict, with RAGEN's top-level ``model_path`` as ``path`` when set."""
-    m = OmegaConf.to_container(cfg.model, resolve=True)
-    if cfg.get("model_path"):
-        m["path"] = cfg.model_path
-    return m
+    """The ``model`` section as a plain dict (RAGEN's ``model_path`` is ``model.path`` by then: the alias table)."""
+    return OmegaConf.to_container(cfg.model, resolve=True)
 
 
 ACTOR_LOSS_KEYS = ("clip_ratio_low", "clip_ratio_high", "clip_ratio_c")  # loss keys that live on the actor, as in verl
@@ -149,8 +147,6 @@ def check_missing_and_optional(cfg: DictConfig) -> None:
     """Mandatory values left unset (``???``), and packages an option needs that are not installed, before any
     work."""
     missing = sorted(OmegaConf.missing_keys(cfg))
-    if "model.path" in missing and cfg.get("model_path"):  # RAGEN's top-level model_path stands in for it
-        missing.remove("model.path")
     if "model.path" in missing:
         raise ValueError(f"model.path is required for model={cfg.model.get('name', '?')}: "
                          "model.path=/path/to/a/local/huggingface/checkpoint (nothing is downloaded)")
@@ -167,17 +163,23 @@ def check_missing_and_optional(cfg: DictConfig) -> None:
 
 def validate_config(cfg: DictConfig) -> None:
     """Check a composed config before any work; raise ``ValueError`` (a :class:`ConfigError`) naming each bad key,
-    its value and the rule.
-
-    First RAGEN's keys are mapped onto ours (:mod:`ragen_turn.ragen_keys`; a key without our meaning stops here)
-    and the ``env_module`` modules are imported, so the envs they register are known when ``custom_envs`` is
-    checked. Then the schema (``ragen_turn/schema.py``: unknown keys, types, each key's range or choices,
-    paths), then what no single key can say: keys that must agree, batch sizes that must divide, each env's
-    ``env_config`` against its config dataclass, the device against this machine."""
-    from ragen_turn.envs import import_env_modules
+    its value and the rule: RAGEN's keys mapped onto ours (:mod:`ragen_turn.ragen_keys`; a key without our meaning
+    stops here), then :func:`check_resolved`. The entry points get the same through ``compose.finalize``; the
+    engines call this again for programs that build a trainer from a config of their own."""
     from ragen_turn.ragen_keys import apply_ragen_keys
 
     apply_ragen_keys(cfg)
+    check_resolved(cfg)
+
+
+def check_resolved(cfg: DictConfig) -> None:
+    """The checks of a config whose RAGEN keys are mapped: the ``env_module`` modules are imported first, so the
+    envs they register are known when ``custom_envs`` is checked; then required keys and optional packages, the
+    schema (``ragen_turn/schema.py``: unknown keys, types, each key's range or choices, paths), then what no
+    single key can say: keys that must agree, batch sizes that must divide, each env's ``env_config`` against its
+    config dataclass, the device against this machine."""
+    from ragen_turn.envs import import_env_modules
+
     import_env_modules(cfg.get("env_module"))
     check_missing_and_optional(cfg)
     typed = check_schema(cfg)

@@ -16,7 +16,8 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from ragen_turn.train import CONFIG_DIR, quiet_transformers
+from ragen_turn.compose import CONFIG_DIR, finalize
+from ragen_turn.runtime import quiet_transformers
 
 COLUMNS = [("success", "val/success"), ("mean reward", "val/reward"), ("mean turns", "val/turns"),
            ("invalid actions", "val/invalid_action_rate"), ("format errors", "val/format_error_rate")]
@@ -52,22 +53,32 @@ def format_table(metrics: dict, title: str) -> str:
     return "\n".join([head, sep, row])
 
 
+def point_at_checkpoint(cfg: DictConfig, ckpt: Path) -> DictConfig:
+    """``cfg`` (in place) set to evaluate the model in ``ckpt`` as it is: ``model.path``, no warm start. RAGEN's
+    ``model_path`` (the run's starting model; held under ``ragen_keys`` from the command line, or at the top
+    level) is cleared, else the alias table would map it back onto ``model.path`` when the config is finalized."""
+    with open_dict(cfg):
+        cfg.model.path = str(ckpt)
+        cfg.model.warmstart.enable = False
+        cfg.model_path = None
+        if OmegaConf.select(cfg, "ragen_keys.model_path", default=None) is not None:
+            cfg.ragen_keys.model_path = None
+    return cfg
+
+
 def evaluate_checkpoint(cfg: DictConfig, on_envs=None) -> dict:
     """The val metrics of ``cfg.checkpoint``; ``on_envs`` (optional) then gets the played ``EnvGroupManager`` (each
-    slot's env in its episode's last state, ``slot.seed`` its room)."""
+    slot's env in its episode's last state, ``slot.seed`` its room). ``cfg`` is pointed at the checkpoint's model
+    and finalized here (``compose.finalize``: RAGEN's keys, resolved, checked), in place."""
     import torch
 
-    from ragen_turn.config import validate_config
     from ragen_turn.engines.local.trainer import evaluate_policy
     from ragen_turn.runtime import pick_device
     from ragen_turn.models import load_model_and_tokenizer
     from ragen_turn.rollout import EnvGroupManager
 
     ckpt = resolve_checkpoint(str(cfg.checkpoint))
-    with open_dict(cfg):
-        cfg.model.path = str(ckpt)
-        cfg.model.warmstart.enable = False
-    validate_config(cfg)
+    finalize(point_at_checkpoint(cfg, ckpt))
     device = pick_device(cfg.device)
     model, tok = load_model_and_tokenizer(OmegaConf.to_container(cfg.model, resolve=True), device="cpu",
                                           dtype=cfg.dtype)
@@ -107,7 +118,7 @@ def config_for_eval(cfg: DictConfig, overrides: list[str]) -> DictConfig:
     import yaml
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from ragen_turn.train import compose_config
+    from ragen_turn.compose import compose_config
 
     run_cfg = run_config_path(str(cfg.checkpoint))
     if run_cfg is None:
@@ -146,8 +157,7 @@ def main(cfg: DictConfig) -> None:
         sys.exit(2)
     try:
         cfg = config_for_eval(cfg, list(HydraConfig.get().overrides.task))
-        OmegaConf.resolve(cfg)
-        m = evaluate_checkpoint(cfg)
+        m = evaluate_checkpoint(cfg)  # finalizes cfg (the config pipeline, once)
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
@@ -174,7 +184,7 @@ def eval_output_path(cfg: DictConfig, home: Path) -> Path:
 
 
 if __name__ == "__main__":
-    from ragen_turn.train import prepare_cli
+    from ragen_turn.compose import prepare_cli
 
     try:
         prepare_cli()  # RAGEN's keys, env_module=... and registered envs as env= choices, as for training

@@ -4,9 +4,10 @@
 ``on_run_start`` after composing the config and before it makes the run's output directory
 (``hydra.run.dir`` lies inside the run directory), so a bad config or a busy run directory stops the command
 with exit code 2 in a few seconds and leaves no directory behind: no model is loaded, no warm start or Ray is
-started. What it checks (:func:`preflight`): the schema and the cross-key rules (``ragen_turn.config``), that
-the run directory is writable, that no live process holds it (its lock is taken here and held to the end) and
-that it holds no earlier run unless ``trainer.resume`` / ``trainer.overwrite`` say so.
+started. What it checks: the config (``compose.finalize``: the schema and the cross-key rules; the task
+function then trains with this finalized config, :func:`take_finalized`), then (:func:`preflight`) verl's
+rules, that the run directory is writable, that no live process holds it (its lock is taken here and held
+to the end) and that it holds no earlier run unless ``trainer.resume`` / ``trainer.overwrite`` say so.
 
 A config that Hydra itself cannot compose (``ppo_epochs=abc`` against the schema's int, an unknown key
 without ``+``) fails before any callback; :func:`exit_code` turns Hydra's exit code 1 into 2 for those.
@@ -18,21 +19,20 @@ import sys
 from typing import Any
 
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, open_dict
 
 CONFIG_ERRORS = (ValueError, FileNotFoundError, FileExistsError)  # a config or input problem: exit code 2
-_state = {"composed": False}
+_state: dict = {"composed": False, "finalized": None}
 
 
 def preflight(cfg: DictConfig) -> None:
-    """Check a resolved task config before any work and take its run directory's lock (see the module doc)."""
+    """Check a finalized task config (``compose.finalize``: the schema and the cross-key rules) for the run:
+    verl's own rules, the checkpoint to resume from, and take its run directory's lock (see the module doc)."""
     from pathlib import Path
 
-    from ragen_turn.config import validate_config
     from ragen_turn.engines import checkpoints
     from ragen_turn.engines.rundir import check_run_dir
 
-    validate_config(cfg)
     if cfg.engine.name == "verl":  # verl's own rules (install, placement, batch split over GPUs), before Ray
         from ragen_turn.engines.verl import check_config
 
@@ -43,18 +43,26 @@ def preflight(cfg: DictConfig) -> None:
 
 
 def task_config(config: DictConfig) -> DictConfig:
-    """The job's config from Hydra's (without ``hydra``), resolved as the task function will see it."""
+    """The job's config from Hydra's (without ``hydra``), finalized (``compose.finalize``: RAGEN's keys
+    mapped, resolved, checked) as the task function will train with it."""
     from hydra.core.hydra_config import HydraConfig
 
-    from ragen_turn.ragen_keys import apply_ragen_keys
+    from ragen_turn.compose import finalize
 
     HydraConfig.instance().set_config(config)  # ${hydra:...} and resolvers reading it work as in the job
     cfg = copy.deepcopy(config)
     with open_dict(cfg):
         del cfg["hydra"]
-    apply_ragen_keys(cfg)  # as train.run does: before resolving, so the run dir follows RAGEN's seed.train
-    OmegaConf.resolve(cfg)
-    return cfg
+    return finalize(cfg)
+
+
+def take_finalized(cfg: DictConfig) -> DictConfig:
+    """The task function's config: the one :class:`Preflight` finalized for this run (so the pipeline runs
+    once a command), else ``finalize(cfg)`` (a ``--multirun`` job: Hydra starts it without ``on_run_start``)."""
+    from ragen_turn.compose import finalize
+
+    done, _state["finalized"] = _state["finalized"], None
+    return done if done is not None else finalize(cfg)
 
 
 class Preflight(Callback):
@@ -70,6 +78,7 @@ class Preflight(Callback):
         except CONFIG_ERRORS as e:
             print(f"error: {e}", file=sys.stderr)
             sys.exit(2)
+        _state["finalized"] = cfg
         from ragen_turn.config import env_config_lines
         from ragen_turn.ragen_keys import unused_lines
 
@@ -77,7 +86,8 @@ class Preflight(Callback):
             print(line)                                            # effect here, and each env tag's config
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        _state["composed"] = True  # each job is checked as it starts (its config differs per job)
+        _state["composed"] = True  # each job is finalized and checked as it starts (configs differ per job)
+        _state["finalized"] = None
 
 
 def watch() -> None:

@@ -48,6 +48,9 @@ class Alias:
     rename: Optional[str] = None                        # a plain rename done on the command line already, so that
                                                         # what Hydra derives before our code runs (its run dir) sees it
     outcome: str = "aliased"                            # for the docs: honoured | aliased | unused | refused
+    choose: Optional[str] = None                        # a config-group choice (group=name) the key makes on the
+                                                        # command line unless that group is given ...
+    why: str = ""                                       # ... and what it brings, said in one line (NOTES)
 
 
 def _stop(key: str, msg: str):
@@ -344,7 +347,9 @@ MORE: List[Alias] = [
     Alias("system.CUDA_VISIBLE_DEVICES", "the process's CUDA_VISIBLE_DEVICES, set before torch / Ray start",
           _cuda_visible_devices, outcome="honoured"),
     Alias("model_path", "model.path, and model=hf (a real model's defaults) unless model= is given",
-          _model_path, "says so in one line", outcome="aliased"),
+          _model_path, "says so in one line", rename="model.path", outcome="aliased", choose="model=hf",
+          why="a Hugging Face checkpoint with a real model's defaults (actor lr 1e-6, critic lr 1e-5, RAGEN's "
+              "response_length 400 and context 3600 tokens; no warm-start SFT unless model.warmstart.enable=true)"),
     Alias("log_prob_micro_batch_size_per_gpu", "(unused: log-probs use micro_batch_size_per_gpu)",
           _unused("log-probs are computed in micro_batch_size_per_gpu batches"), outcome="unused"),
     Alias("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", "(unused)",
@@ -546,21 +551,22 @@ def _override_key(override: str) -> str:
     return head.lstrip("+~")
 
 
-NOTES: List[str] = []  # lines the command line prints once (what model_path chose); train.prepare_cli prints them
+NOTES: List[str] = []  # lines the command line prints once (what model_path chose); compose.prepare_cli prints them
 
 
 def move_ragen_overrides(overrides: List[str]) -> List[str]:
     """Command-line overrides with every RAGEN table key moved under ``ragen_keys.`` (before Hydra composes).
 
-    Also, before anything else runs: ``system.CUDA_VISIBLE_DEVICES`` is exported, and RAGEN's ``model_path=<dir>``
-    becomes ``model.path=<dir>`` with ``model=hf`` (a real model's defaults) unless a ``model=`` is given (one line
-    in :data:`NOTES` says so). A key that neither the table nor the schema knows stops here with our message
+    Also, before anything else runs: ``system.CUDA_VISIBLE_DEVICES`` is exported; a key's ``rename`` is added
+    (``seed.train=5`` -> ``seed=5``, ``model_path=<dir>`` -> ``model.path=<dir>``) and its ``choose`` unless that
+    config group is given (``model_path`` -> ``model=hf``, a real model's defaults; one line in :data:`NOTES`
+    says so). A key that neither the table nor the schema knows stops here with our message
     (:func:`unknown_override_problems`), never Hydra's."""
     problems = unknown_override_problems(overrides)
     if problems:
         raise ValueError(problems[0] if len(problems) == 1 else
                          f"{len(problems)} unknown keys:\n  " + "\n  ".join(problems))
-    model_given = any(_override_key(o) == "model" for o in overrides if "=" in o)
+    groups_given = {_override_key(o) for o in overrides if "=" in o}
     out = []
     for o in overrides:
         key = _override_key(o)
@@ -574,13 +580,10 @@ def move_ragen_overrides(overrides: List[str]) -> List[str]:
                 out.append(f"{BY_KEY[key].rename}={value}")
             if key == "system.CUDA_VISIBLE_DEVICES":
                 set_cuda_visible_devices(value.strip("'\""))
-            if key == "model_path":
-                out.append(f"model.path={value}")
-                if not model_given:
-                    out.append("model=hf")
-                    NOTES.append(f"[ragen_turn] model_path={value}: model=hf, a Hugging Face checkpoint with a real "
-                                 "model's defaults (actor lr 1e-6, critic lr 1e-5, RAGEN's response_length 400 and "
-                                 "context 3600 tokens; no warm-start SFT unless model.warmstart.enable=true)")
+            choose = BY_KEY[key].choose
+            if choose and choose.split("=", 1)[0] not in groups_given:
+                out.append(choose)
+                NOTES.append(f"[ragen_turn] {key}={value}: {choose}, {BY_KEY[key].why}")
         else:
             out.append(o)
     return out

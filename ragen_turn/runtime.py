@@ -1,5 +1,5 @@
 """Where a run computes, how it is seeded and how long it takes: the torch device, the random seeds, durations and
-ETAs for progress lines (both engines, SFT, eval: a leaf any of them imports)."""
+ETAs for progress lines, transformers' log level (both engines, SFT, eval: a leaf any of them imports)."""
 from __future__ import annotations
 
 import random
@@ -42,3 +42,11 @@ def eta(done: int, total: int, elapsed: float) -> str:
     if done <= 0 or total <= done:
         return fmt_duration(elapsed)
     return f"{fmt_duration(elapsed)}, ETA {fmt_duration(elapsed / done * (total - done))}"
+
+
+def quiet_transformers() -> None:
+    """One progress line per step is ours; transformers' load/save progress bars are noise here."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()

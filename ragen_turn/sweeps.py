@@ -7,8 +7,9 @@ whose config would be refused (``--no-check``: skip the config checks).
 
 Expansion as Hydra's basic sweeper does it: the sweep file's ``hydra.sweeper.params`` first, then the command
 line's overrides (a key given twice keeps its first place and its last value), and every combination of the
-swept values (``a=1,2``) in that order. Each job's config is composed by :func:`ragen_turn.train.compose_config`,
-the same composition a run gets (RAGEN's keys mapped, ``env_module`` imported, the run name's override suffix).
+swept values (``a=1,2``) in that order. Each job's config is composed by :func:`ragen_turn.compose.compose_config`,
+the same pipeline a run goes through (RAGEN's keys mapped, ``env_module`` imported, the run name's override
+suffix); its checks run after the run directory is read, on ``device=cpu`` (a GPU sweep lists on any machine).
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ def _parse(overrides: Sequence[str]):
 
 def sweep_jobs(overrides: Sequence[str]) -> List[List[str]]:
     """The jobs (override lists) that ``python -m ragen_turn.train --multirun OVERRIDES`` launches."""
-    from ragen_turn.train import compose_with_hydra
+    from ragen_turn.compose import compose_with_hydra
 
     parsed = _parse(overrides)
     fixed = [o.input_line for o in parsed if not o.is_sweep_override()]  # Hydra composes a sweep without them too
@@ -50,20 +51,20 @@ def list_jobs(overrides: Sequence[str], validate: bool = True) -> int:
     (a run dir shared with an earlier job, or a config the checks refuse)."""
     from omegaconf import open_dict
 
-    from ragen_turn.train import compose_config
+    from ragen_turn.compose import compose_config
 
     jobs = sweep_jobs(overrides)
     hydra_overrides = [o.input_line for o in _parse(overrides) if o.is_hydra_override()]
     check = None
     if validate:
         try:
-            from ragen_turn.config import validate_config as check
+            from ragen_turn.config import check_resolved as check
         except Exception as e:  # noqa: BLE001 - torch missing etc.: list without checking
             print(f"(configs not checked: {e})")
     dirs: Dict[str, int] = {}
     bad = 0
     for i, job in enumerate(jobs):
-        cfg = compose_config(list(job) + hydra_overrides)
+        cfg = compose_config(list(job) + hydra_overrides)  # finalized, its checks below (a refused job's run dir)
         d = str(cfg.trainer.default_local_dir)
         note = ""
         if d in dirs:

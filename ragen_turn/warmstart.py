@@ -200,7 +200,8 @@ def warmstart_key(cfg: DictConfig, tokenizer: Any) -> str:
     parts = {
         "version": WARMSTART_VERSION,
         "model": model,
-        "model_path": cfg.get("model_path"),
+        "model_path": cfg.get("model_path"),  # null unless a yaml sets it (then model.path too): kept, as the
+                                               # existing warm starts' cache keys hash it
         "envs": {t: _demo_env_spec(cfg.custom_envs[t]) for t in cfg.es_manager.train.env_configs.tags},
         "agent_proxy": OmegaConf.to_container(cfg.agent_proxy, resolve=True),
         "response_length": cfg.actor_rollout_ref.rollout.response_length,

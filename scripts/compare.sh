@@ -60,7 +60,7 @@ PINNED=(); [ -d "assets/$SETTING/warmstart" ] && PINNED=("model.pinned_cache=ass
 "$PY" - "${COMMON[@]}" algo=grpo ${PINNED[@]+"${PINNED[@]}"} <<'PYEOF' | sed -u "/^Loading weights/d"
 import sys
 from ragen_turn.config import validate_config
-from ragen_turn.train import compose_config
+from ragen_turn.compose import compose_config
 from ragen_turn.warmstart import build
 
 cfg = compose_config(sys.argv[1:])
@@ -81,7 +81,7 @@ run_one() {  # <algo> <seed>: one run on one thread, its wall time logged
     [ -n "${BUDGET_S:-}" ] && [ "$BUDGET_S" -lt "$left" ] && left=$BUDGET_S
     deadline=("trainer.time_budget_s=$left")
   fi
-  dir=$("$PY" -c "import sys; from ragen_turn.train import compose_config; \
+  dir=$("$PY" -c "import sys; from ragen_turn.compose import compose_config; \
 print(compose_config(sys.argv[1:]).trainer.default_local_dir)" "${COMMON[@]}" "algo=$algo" "seed=$seed") || dir=
   if [ -z "$dir" ]; then  # the config did not compose (its error is above): log the run as failed, go on
     printf '%s\t%s\t%s\t%s\n' "$algo s$seed (config error)" 2 "$(( $(date +%s) - t0 ))" - >> "$LOG"

@@ -51,7 +51,7 @@ say() { echo "[sweep] $(( $(date +%s) - T0 )) s: $*" | tee -a "$LOG"; }
 one() {  # <budget s> <overrides...>: one run, its log in <run dir>/train.log; a line in sweep.log when it ends
   local budget=$1 t0 rc dir; shift
   t0=$(date +%s)
-  dir=$("$PY" -c "import sys; from ragen_turn.train import compose_config; \
+  dir=$("$PY" -c "import sys; from ragen_turn.compose import compose_config; \
 print(compose_config(sys.argv[1:]).trainer.default_local_dir)" "$@") || { say "config error: $*"; return; }
   mkdir -p "$dir"
   timeout $(( T0 + ${HARD:-560} - t0 )) "$PY" -m ragen_turn.train "$@" "trainer.time_budget_s=$budget" \

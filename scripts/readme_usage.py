@@ -54,7 +54,7 @@ def compose_hydra_excludes() -> list[str]:
     keys that change nothing here)."""
     from omegaconf import OmegaConf
 
-    import ragen_turn.train  # noqa: F401  (registers the ragen_quiet_keys resolver)
+    import ragen_turn.compose  # noqa: F401  (registers the ragen_quiet_keys resolver)
 
     node = OmegaConf.load(ROOT / "config" / "base.yaml").hydra.job.config.override_dirname
     return list(OmegaConf.to_container(node, resolve=True)["exclude_keys"])

@@ -7,7 +7,7 @@ import os
 import shutil
 import tempfile
 
-from ragen_turn.train import compose_config
+from ragen_turn.compose import compose_config
 
 MICRO_MODEL = ["model.hidden_size=32", "model.num_hidden_layers=1", "model.num_attention_heads=2",
                "model.num_key_value_heads=1", "model.intermediate_size=64", "model.warmstart.enable=false",

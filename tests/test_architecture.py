@@ -3,7 +3,7 @@
 - the engines never import each other (``engines/local`` <-> ``engines/verl``);
 - ``ragen_turn/algos`` is pure torch: it imports no engine, env, rollout, model or config module;
 - the local trainer is imported only by the entry points (``train.py``, ``evaluate.py``) and the local
-  benchmark;
+  benchmark; no module imports those entry points;
 - no import cycle among ``ragen_turn`` modules, counting imports inside functions too (a lazy import
   still ties two modules together).
 
@@ -143,6 +143,14 @@ def test_algos_import_no_engine_env_or_rollout(graph, forbidden):
 def test_only_entry_points_import_the_local_trainer(graph):
     users = sorted(a for a, deps in graph.items() if LOCAL_TRAINER in deps)
     assert set(users) <= {"ragen_turn.train", "ragen_turn.evaluate"}, users
+
+
+def test_no_module_imports_an_entry_point(graph):
+    """``train`` and ``evaluate`` are Hydra apps: what others need of them lives in ``compose`` (the config
+    pipeline) and ``runtime``; ``engines/verl/check.py`` and ``report`` (through ``sweeps``) used to import train."""
+    users = sorted(f"{a} -> {b}" for a, deps in graph.items() for b in deps
+                   if b in ("ragen_turn.train", "ragen_turn.evaluate"))
+    assert not users, users
 
 
 def test_no_import_cycle(graph):

@@ -24,7 +24,7 @@ from bad_configs import CASES
 from ragen_turn import schema
 from ragen_turn.config import validate_config
 from ragen_turn.schema import ConfigError, Rule, check_schema
-from ragen_turn.train import CONFIG_DIR, compose_config
+from ragen_turn.compose import CONFIG_DIR, compose_config
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = Path(CONFIG_DIR)
@@ -107,6 +107,24 @@ def train_command(monkeypatch, tmp_path, capsys):
         return e.value.code, capsys.readouterr().err, time.perf_counter() - t, run_dir, expensive
 
     return run
+
+
+def test_train_command_runs_the_config_pipeline_once(train_command, monkeypatch):
+    """``compose.finalize`` runs once a command: in the preflight callback, whose finalized config the task
+    function then trains with (here up to the model load, the tripwire)."""
+    import ragen_turn.compose as compose
+
+    calls = []
+    real = compose.finalize
+
+    def counting(cfg, *a, **k):
+        calls.append(1)
+        return real(cfg, *a, **k)
+
+    monkeypatch.setattr(compose, "finalize", counting)
+    code, err, _, _, expensive = train_command(["trainer.total_training_steps=1", "model.warmstart.enable=false"])
+    assert expensive, err  # the config passed every check and reached the model load
+    assert len(calls) == 1, len(calls)
 
 
 @pytest.mark.parametrize("overrides,key", CASES, ids=[" ".join(o) for o, _ in CASES])
@@ -254,7 +272,7 @@ def test_train_sh_names_the_closest_key_or_choice(words, says, tmp_path):
 
 
 def test_config_choices_are_checked_with_the_same_suggestion():
-    from ragen_turn.train import check_group_choices
+    from ragen_turn.compose import check_group_choices
 
     with pytest.raises(ValueError, match=r"model=tinny: no config/model/tinny.yaml; did you mean model=tiny"):
         compose_config(["model=tinny"])
@@ -262,6 +280,8 @@ def test_config_choices_are_checked_with_the_same_suggestion():
         compose_config(["+sweep=gama_lambda"])
     with pytest.raises(ValueError) as e:  # nothing close: no guess, the choices
         check_group_choices(["env=zzzzzz"])
-    assert "did you mean" not in str(e.value) and "env choices: bandit, countdown" in str(e.value)
+    listed = str(e.value).split("env choices: ", 1)[1].rstrip(")").split(", ")
+    assert "did you mean" not in str(e.value) and listed == sorted(listed)  # registered envs too (other test
+    assert {p.stem for p in (CONFIG / "env").glob("*.yaml")} <= set(listed)  # modules may have registered some)
     check_group_choices(["env=sokoban,bandit", "algo=choice(grpo,turn_ppo)",
                          "+paper=turnppo_webshop_qwen2.5-3b"])

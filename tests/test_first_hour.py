@@ -14,7 +14,7 @@ import pytest
 from ragen_turn.config import validate_config
 from ragen_turn.engines.local.trainer import build_trainer
 from ragen_turn.engines.rundir import clear_earlier_run, remove_if_unused, take_run_dir
-from ragen_turn.train import compose_config
+from ragen_turn.compose import compose_config
 
 from helpers import micro_config
 

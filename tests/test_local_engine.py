@@ -683,7 +683,7 @@ def test_eval_uses_the_runs_own_settings_plus_overrides(tmp_path):
 
     from helpers import MICRO_MODEL
     from ragen_turn.evaluate import config_for_eval, evaluate_checkpoint, run_config_path
-    from ragen_turn.train import compose_config
+    from ragen_turn.compose import compose_config
 
     run = tmp_path / "run"
     train = MICRO_MODEL + ["algo=grpo", "trainer.total_training_steps=1", "agent_proxy.max_turn=1", "device=cpu",

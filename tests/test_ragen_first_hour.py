@@ -211,7 +211,7 @@ def test_every_ragen_key_is_honoured_aliased_unused_or_refused(key, ok, bad, out
 
 
 def test_keys_that_change_nothing_stay_out_of_the_run_name():
-    from ragen_turn.train import compose_config
+    from ragen_turn.compose import compose_config
 
     plain = compose_config([]).trainer.experiment_name
     quiet = ["lora.alpha=64", "trainer.project_name=x", "system.CUDA_VISIBLE_DEVICES=0", "seed.val=1",
@@ -261,7 +261,7 @@ def test_an_env_config_key_the_env_lacks_is_named_with_the_envs_keys(tmp_path):
 def test_cuda_visible_devices_is_exported_before_torch_starts():
     """From the command line it is set before anything looks at a GPU (torch is not even imported yet)."""
     code = ("import os, sys; sys.argv = ['train', 'system.CUDA_VISIBLE_DEVICES=3,5'];"
-            "from ragen_turn.train import prepare_cli; prepare_cli();"
+            "from ragen_turn.compose import prepare_cli; prepare_cli();"
             "t = sys.modules.get('torch');"
             "print(os.environ['CUDA_VISIBLE_DEVICES'], t is not None and t.cuda.is_initialized())")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
@@ -293,8 +293,41 @@ def test_model_path_selects_the_real_model_defaults(tmp_path, capsys):
         micro_config(["model=tiny", f"model_path={tmp_path}"])
 
 
+def test_model_path_in_a_yaml_file_reaches_model_path_through_the_table(tmp_path):
+    """A top-level ``model_path:`` in a yaml file (no command line to rename it) becomes ``model.path`` through its
+    entry in the alias table alone, so nothing past the config pipeline reads ``model_path``: the required
+    ``model.path`` of ``model=hf`` is set, and the model the engines load is that directory."""
+    from ragen_turn.compose import compose_config
+    from ragen_turn.config import model_config
+
+    (tmp_path / "setting").mkdir()
+    (tmp_path / "setting" / "ragen_model.yaml").write_text(f"# @package _global_\nmodel_path: {tmp_path}\n")
+    cfg = compose_config(["model=hf", f"hydra.searchpath=[file://{tmp_path}]", "+setting=ragen_model"])
+    assert cfg.model.path == str(tmp_path) and model_config(cfg)["path"] == str(tmp_path)
+    assert "model.path" not in OmegaConf.missing_keys(cfg)
+    assert cfg.ragen_aliases[f"model_path={tmp_path}"] == f"model.path={tmp_path}"
+    with pytest.raises(ValueError, match="model.path is required"):  # without it, model=hf still needs a path
+        compose_config(["model=hf"], check=True)
+
+
+def test_eval_of_a_model_path_run_loads_the_checkpoint_not_the_starting_model(tmp_path):
+    """A run started with RAGEN's ``model_path=<dir>`` holds that key in its config; evaluating one of its
+    checkpoints points ``model.path`` at the checkpoint, and finalizing the config must not map ``model_path``
+    back over it (it did: the starting model was evaluated)."""
+    from ragen_turn.compose import finalize
+    from ragen_turn.evaluate import point_at_checkpoint
+
+    start, ckpt = tmp_path / "start", tmp_path / "run" / "checkpoints" / "step_2" / "actor"
+    start.mkdir()
+    ckpt.mkdir(parents=True)
+    cfg = micro_config([f"model_path={start}"])
+    assert cfg.model.path == str(start) and cfg.ragen_keys.model_path == str(start)
+    finalize(point_at_checkpoint(cfg, ckpt), check=False)
+    assert cfg.model.path == str(ckpt) and cfg.model.warmstart.enable is False
+
+
 def compose_config_named(overrides, name):
-    from ragen_turn.train import compose_config
+    from ragen_turn.compose import compose_config
 
     return compose_config(overrides, config_name=name)
 

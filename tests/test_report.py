@@ -481,7 +481,7 @@ def test_run_control_keys_are_the_run_names_exclusions():
     text)."""
     from omegaconf import OmegaConf
 
-    import ragen_turn.train  # noqa: F401  (registers ${ragen_quiet_keys:...})
+    import ragen_turn.compose  # noqa: F401  (registers ${ragen_quiet_keys:...})
 
     node = OmegaConf.load(report.BASE_YAML).hydra.job.config.override_dirname
     resolved = OmegaConf.to_container(node, resolve=True)["exclude_keys"]

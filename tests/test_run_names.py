@@ -11,7 +11,7 @@ from pathlib import Path
 
 from helpers import MICRO_MODEL
 
-from ragen_turn.train import MAX_SUFFIX, compose_config, run_name_suffix
+from ragen_turn.compose import MAX_SUFFIX, compose_config, run_name_suffix
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -72,7 +72,7 @@ def test_the_hydra_app_names_runs_the_same_way(tmp_path):
     script = tmp_path / "task.py"
     script.write_text(
         "import hydra\n"
-        "import ragen_turn.train as t\n"
+        "import ragen_turn.compose as t\n"
         "@hydra.main(config_path=t.CONFIG_DIR, config_name='base', version_base='1.3')\n"
         "def main(cfg):\n"
         "    print('DIR', cfg.trainer.default_local_dir)\n"

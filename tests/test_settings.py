@@ -9,7 +9,7 @@ import pytest
 
 from helpers import micro_config, tiny_tokenizer
 from ragen_turn.config import validate_config
-from ragen_turn.train import compose_config
+from ragen_turn.compose import compose_config
 from ragen_turn.warmstart import collect_demonstrations, warmstart_key
 
 BASE = ["actor_rollout_ref.rollout.response_length=16"]

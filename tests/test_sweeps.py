@@ -17,7 +17,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 from ragen_turn.sweeps import sweep_jobs
-from ragen_turn.train import CONFIG_DIR, compose_config
+from ragen_turn.compose import CONFIG_DIR, compose_config
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL_DIR = ROOT / "config"  # an existing directory standing in for model.path (configs are only composed here)
@@ -203,7 +203,7 @@ def test_multirun_launches_each_job_in_its_own_run_dir(tmp_path, capsys):
     script = tmp_path / "task.py"
     script.write_text(
         "import hydra\n"
-        "from ragen_turn.train import CONFIG_DIR\n"
+        "from ragen_turn.compose import CONFIG_DIR\n"
         "@hydra.main(config_path=CONFIG_DIR, config_name='base', version_base='1.3')\n"
         "def main(cfg):\n"
         "    from hydra.core.hydra_config import HydraConfig\n"
@@ -216,7 +216,7 @@ def test_multirun_launches_each_job_in_its_own_run_dir(tmp_path, capsys):
     jobs = [ln.split() for ln in out.stdout.splitlines() if ln.startswith("JOB")]
     assert len(jobs) == 4
     assert len({j[1] for j in jobs}) == 4
-    from ragen_turn.train import compose_config
+    from ragen_turn.compose import compose_config
     actor_lr = compose_config(["env=sokoban", "algo=turn_ppo"]).actor_rollout_ref.actor.optim.lr
     for _, run_dir, _, hydra_dir in jobs:
         assert run_dir.startswith(f"runs/sweep_critic_lr/sokoban_turn_ppo_tiny_alr{actor_lr}_clr")

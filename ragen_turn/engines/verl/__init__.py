@@ -67,16 +67,13 @@ def require_verl(import_it: bool = True) -> None:
 def model_path_for_verl(cfg: Any, log=print) -> str:
     """The Hugging Face directory verl loads the actor (and the critic) from.
 
-    ``model.path`` / ``model_path`` or the built tiny/smollm2 model; with ``model.warmstart.enable`` the
+    ``model.path`` or the built tiny/smollm2 model; with ``model.warmstart.enable`` the
     warm-started (SFT) copy of it, from the same cache the local engine uses (run here, before Ray,
     when it is not cached yet).
     """
     from ragen_turn.models import resolve_model_path
 
-    model = dict(cfg.model)
-    if cfg.get("model_path"):
-        model["path"] = cfg.model_path
-    path = resolve_model_path(model, dtype=cfg.get("dtype"))
+    path = resolve_model_path(dict(cfg.model), dtype=cfg.get("dtype"))
     from transformers import AutoTokenizer
 
     from ragen_turn.rollout.context import check_context_fits

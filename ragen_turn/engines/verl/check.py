@@ -53,8 +53,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     from ragen_turn.engines.verl import require_verl
 
     require_verl()
+    from ragen_turn.compose import compose_config
     from ragen_turn.models import resolve_model_path
-    from ragen_turn.train import compose_config
 
     from .config import OPTIONAL_PACKAGES, Host, check_verl_config, to_verl_config
 
@@ -67,9 +67,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     host = Host(here.cuda_devices if a.gpus is None else a.gpus, installed)
     try:
-        cfg = compose_config(["engine=verl", *a.overrides])
-        path = (cfg.get("model_path") or cfg.model.get("path")
-                or resolve_model_path(dict(cfg.model), dtype=cfg.dtype))
+        cfg = compose_config(["engine=verl", *a.overrides])  # the config pipeline; to_verl_config checks it
+        path = cfg.model.get("path") or resolve_model_path(dict(cfg.model), dtype=cfg.dtype)
         vcfg = to_verl_config(cfg, model_path=str(path), host=host)
         built = check_verl_config(vcfg)
     except ValueError as e:

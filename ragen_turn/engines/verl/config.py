@@ -255,7 +255,7 @@ def ray_resources(p: Placement, num_cpus: Optional[int] = None) -> Dict[str, Any
 
 def to_verl_config(cfg: DictConfig, model_path: Optional[str] = None,
                    host: Optional[Host] = None) -> DictConfig:
-    """Map our resolved config onto verl's. ``model_path`` defaults to ``model.path`` / ``model_path``.
+    """Map our resolved config onto verl's. ``model_path`` defaults to ``model.path``.
 
     ``host``: the machine the run is for (default: this one; see :class:`Host`).
     """
@@ -264,7 +264,7 @@ def to_verl_config(cfg: DictConfig, model_path: Optional[str] = None,
     v = cfg.engine.verl
     ar = cfg.actor_rollout_ref
     a, r = ar.actor, ar.rollout
-    path = str(model_path or cfg.get("model_path") or cfg.model.get("path") or "")
+    path = str(model_path or cfg.model.get("path") or "")
     if not path:
         raise ValueError("engine=verl needs model.path (a local Hugging Face checkpoint directory; "
                          "`python -m ragen_turn.models export tiny DIR` writes a tiny one)")
