@@ -489,3 +489,28 @@ def test_run_control_keys_are_the_run_names_exclusions():
     assert {"trainer.total_training_steps", "logger", "trainer.resume", "trainer.time_budget_s"} <= set(keys)
     assert keys == resolved[:len(keys)]  # RAGEN's quiet keys follow (held under ragen_keys: never compared)
     assert report.run_control_keys(report.BASE_YAML.parent / "nope.yaml") == []
+
+
+def test_runs_that_differ_in_a_list_valued_key_are_grouped(tmp_path):
+    """The README's `report runs` after a named RAGEN run: configs that differ in a list (env tags) are two
+    experiments, labelled by the list, not a crash on an unhashable value."""
+    root = _experiment_runs(tmp_path / "runs", seeds=(0, 1))
+    for i, d in enumerate(sorted(root.iterdir())):
+        cfg = yaml.safe_load((d / "config.yaml").read_text())
+        cfg.setdefault("env", {})["train_tags"] = ["SimpleSokoban"] if i == 0 else ["CoordSokoban", "SimpleSokoban"]
+        (d / "config.yaml").write_text(yaml.safe_dump(cfg))
+    text = report.build_report([str(root)], tmp_path / "out", plots=False, reps=50)
+    assert "2 runs in 2 groups" in text and "env.train_tags" in text
+    assert '["CoordSokoban", "SimpleSokoban"]' in text
+
+
+def test_a_config_groups_keys_are_the_experiment_though_its_choice_is_run_control(tmp_path):
+    """`model` is in the run-name exclusions as the choice `model=tiny` (named in the run's name); the model's own
+    keys (a wider model) are still the experiment."""
+    root = _experiment_runs(tmp_path / "runs", seeds=(0, 1))
+    for i, d in enumerate(sorted(root.iterdir())):
+        cfg = yaml.safe_load((d / "config.yaml").read_text())
+        cfg["model"]["hidden_size"] = 64 * (i + 1)
+        (d / "config.yaml").write_text(yaml.safe_dump(cfg))
+    text = report.build_report([str(root)], tmp_path / "out", plots=False, reps=50)
+    assert "2 runs in 2 groups" in text and "model.hidden_size" in text

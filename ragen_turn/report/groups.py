@@ -23,10 +23,16 @@ def _label_value(v: Any) -> str:
     return str(v)
 
 
+def _hashable(v: Any) -> Any:
+    """A config value as a group key: lists and mappings (``env.train_tags``, RAGEN's ``trainer.logger``) as their
+    JSON text, other values as they are."""
+    return json.dumps(v, sort_keys=True, default=str) if isinstance(v, (list, tuple, dict)) else v
+
+
 def group_runs(runs: Sequence[Run], keys: Sequence[str]) -> List[Tuple[str, List[Run]]]:
     groups: Dict[Tuple[Any, ...], List[Run]] = {}
     for r in runs:
-        groups.setdefault(tuple(get_key(r.config, k) for k in keys), []).append(r)
+        groups.setdefault(tuple(_hashable(get_key(r.config, k)) for k in keys), []).append(r)
 
     def sort_key(item):
         out = []
@@ -75,6 +81,21 @@ def _flat(cfg: Any, prefix: str = "") -> Dict[str, Any]:
     return out
 
 
+def _config_groups(base_yaml: Path = BASE_YAML) -> set:
+    """The Hydra config groups (``env``, ``algo``, ``model``, ...): the folders beside ``config/base.yaml``."""
+    try:
+        return {p.name for p in base_yaml.parent.iterdir() if p.is_dir()}
+    except OSError:
+        return set()
+
+
+def _controls(control_key: str, key: str) -> bool:
+    """Whether run-control key ``control_key`` covers config key ``key``: itself, and the keys under it, except
+    for a config group's name (``env`` in the run-name list is the choice ``env=sokoban``, named in the run's name;
+    ``env.train_tags`` or ``model.hidden_size`` are the experiment)."""
+    return key == control_key or (key.startswith(control_key + ".") and control_key not in _config_groups())
+
+
 def experiment_differences(runs: Sequence[Run], control: Sequence[str] = ()) -> Dict[str, List[str]]:
     """``{key: its values}`` for each config key whose value differs between ``runs`` (their experiment: the
     config without the seed and the run-control keys ``control``, see :func:`run_control_keys`). A key that
@@ -83,7 +104,7 @@ def experiment_differences(runs: Sequence[Run], control: Sequence[str] = ()) -> 
     flats = [_flat(r.config) for r in runs if r.config]
     out: Dict[str, List[str]] = {}
     for key in sorted(set().union(*flats)) if flats else []:
-        if any(key == k or key.startswith(k + ".") for k in skip) or not all(key in f for f in flats):
+        if any(_controls(k, key) for k in skip) or not all(key in f for f in flats):
             continue
         values = sorted({json.dumps(f[key], sort_keys=True, default=str) for f in flats})
         if len(values) > 1:
