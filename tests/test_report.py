@@ -342,8 +342,10 @@ def test_kept_runs_rebuild_the_same_report(runs_dir, tmp_path):
     out = tmp_path / "out"
     first = report.build_report([str(runs_dir)], out, plots=False, keep=True)
     kept = out / "runs"
-    assert sorted(p.name for p in kept.iterdir()) == sorted(p.name for p in runs_dir.iterdir())
-    rows = [json.loads(x) for x in (kept / "sokoban_grpo_tiny_s0" / "metrics.jsonl").read_text().splitlines()]
+    # plain names, <algo>_s<seed>
+    assert sorted(p.name for p in kept.iterdir()) == ["grpo_s0", "grpo_s1", "token_ppo_s0", "turn_ppo_s0",
+                                                       "turn_ppo_s1", "turn_ppo_s2"]
+    rows = [json.loads(x) for x in (kept / "grpo_s0" / "metrics.jsonl").read_text().splitlines()]
     assert rows[4]["val/success"] is None and rows[4]["val/reward"] is None  # NaN / null stay null
     assert set().union(*rows) <= set(report.KEPT_KEYS) | {"step", "val/turns"}
     import shutil
@@ -379,6 +381,33 @@ def test_runs_of_one_name_with_different_configs_both_count(tmp_path):
     assert "2 runs in 1 group" in text
     turn = next(ln for ln in _table(text) if ln.startswith("| turn_ppo"))
     assert turn.split(" | ")[3] == "0.500 ± 0.354"
+
+
+def test_kept_runs_of_one_algo_and_seed_with_different_configs_get_a_config_hash(tmp_path):
+    """Two experiments' runs of turn_ppo seed 0 kept in one folder: neither takes the plain name, each gets
+    `_<config hash>`; keeping one again (a resumed run) replaces its copy; a third config beside an existing plain
+    copy gets a hash too, and the plain copy stays."""
+    runs = []
+    for sweep, gamma in (("sweep_a", 0.9), ("sweep_b", 0.99)):
+        d = write_run(tmp_path / sweep, "sokoban_turn_ppo_tiny_s0", "turn_ppo", 0,
+                      [val_row(0, 0.0, 0.0), train_row(1, 0.5, success=0.5, reward=0.0)], total=1)
+        cfg = yaml.safe_load((d / "config.yaml").read_text())
+        cfg["algorithm"]["gamma"] = gamma
+        (d / "config.yaml").write_text(yaml.safe_dump(cfg))
+        runs.append(report.load_run(d))
+    kept = tmp_path / "kept"
+    report.keep_runs(runs, kept)
+    names = sorted(p.name for p in kept.iterdir())
+    assert len(names) == 2 and all(n.startswith("turn_ppo_s0_") and len(n) == len("turn_ppo_s0_") + 8 for n in names)
+    report.keep_runs(runs[:1], kept)
+    assert sorted(p.name for p in kept.iterdir()) == names
+    solo = tmp_path / "solo"
+    report.keep_runs(runs[:1], solo)
+    report.keep_runs(runs[1:], solo)
+    got = sorted(p.name for p in solo.iterdir())
+    assert got[0] == "turn_ppo_s0" and got[1].startswith("turn_ppo_s0_") and len(got) == 2
+    gammas = {yaml.safe_load((solo / n / "config.yaml").read_text())["algorithm"]["gamma"] for n in got}
+    assert gammas == {0.9, 0.99}
 
 
 def test_kept_runs_of_the_results_pages_are_not_gitignored():

@@ -3,9 +3,11 @@ evaluations), :func:`find_runs`, :func:`load_run`, :func:`dedupe_runs` (a run fo
 :func:`keep_runs` (``--keep-runs``: the compact copy a results page is rebuilt from)."""
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
@@ -154,17 +156,19 @@ def find_runs(paths: Iterable[str]) -> List[Path]:
 
 def dedupe_runs(runs: Sequence[Run], log=print) -> List[Run]:
     """A run found twice counts once, as the copy that got furthest (the first found on a tie). Twice = the same
-    directory name and the same config (a kept copy, ``<out>/runs/<name>``, holds its run's ``config.yaml``, whose
-    resolved ``trainer.default_local_dir`` tells runs of one name in different sweep dirs apart)."""
+    config (a kept copy, ``<out>/runs/<algo>_s<seed>``, holds its run's ``config.yaml``, whose resolved
+    ``trainer.experiment_name`` and ``trainer.default_local_dir`` name the run and its sweep dir); a run without a
+    readable config is known by its directory name."""
     best: Dict[Tuple[str, str], Run] = {}
     for r in runs:
-        key = (r.path.name, json.dumps(r.config, sort_keys=True, default=str))
+        key = ("" if r.config else r.path.name, json.dumps(r.config, sort_keys=True, default=str))
         old = best.get(key)
         if old is None:
             best[key] = r
             continue
         keep, drop = (r, old) if (r.last_step or -1) > (old.last_step or -1) else (old, r)
-        log(f"[report] {key[0]}: using {keep.path} (last step {keep.last_step}), not {drop.path} ({drop.last_step})")
+        log(f"[report] {r.path.name}: using {keep.path} (last step {keep.last_step}), "
+            f"not {drop.path} ({drop.last_step})")
         best[key] = keep
     return list(best.values())
 
@@ -173,18 +177,39 @@ def _json_value(v: Any) -> Any:
     return None if isinstance(v, float) and not math.isfinite(v) else v
 
 
+def kept_name(r: Run) -> str:
+    """The plain folder name of a kept run: ``<algo>_s<seed>`` from its config (letters, digits, ``_ . -``; a run
+    without them keeps its directory name, made plain)."""
+    algo, seed = get_key(r.config, "algo.name"), get_key(r.config, "seed")
+    base = f"{algo}_s{seed}" if algo is not None and seed is not None else r.path.name
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", base).strip("-") or "run"
+
+
+def _config_id(config: Dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:8]
+
+
 def keep_runs(runs: Sequence[Run], dest: Path) -> Path:
     """``--keep-runs``: each run's config, provenance (host, versions, starting weights) and its metrics cut to the
-    keys the report reads (a few KB a run) into ``dest/<run name>/``, so the report can be rebuilt from ``dest``
-    alone, after the runs themselves are gone (``results/<setting>/runs/`` is committed; a later sweep's runs
-    are added beside them)."""
+    keys the report reads (a few KB a run) into ``dest/<algo>_s<seed>/`` (:func:`kept_name`; two different
+    configs that would share a name, in ``runs`` or already in ``dest``, get ``_<config hash>`` appended), so the
+    report can be rebuilt from ``dest`` alone, after the runs themselves are gone (``results/<setting>/runs/`` is
+    committed; a later sweep's runs are added beside them, and a run kept again replaces its copy)."""
     import shutil
 
     dest.mkdir(parents=True, exist_ok=True)
-    for r in runs:
-        d = dest / r.path.name
-        if d.resolve() == r.path.resolve():
-            continue
+    existing: Dict[str, Path] = {}  # config hash -> its folder already in dest
+    claims: Dict[str, set] = {}     # plain name -> the configs that claim it, in dest and in runs
+    for d in sorted(p for p in dest.iterdir() if p.is_dir()):
+        kept = load_run(d)
+        existing[_config_id(kept.config)] = d
+        claims.setdefault(kept_name(kept), set()).add(_config_id(kept.config))
+    todo = [r for r in runs if r.path.resolve().parent != dest.resolve()]
+    for r in todo:
+        claims.setdefault(kept_name(r), set()).add(_config_id(r.config))
+    for r in todo:
+        name, cid = kept_name(r), _config_id(r.config)
+        d = existing.get(cid) or dest / (name if len(claims[name]) == 1 else f"{name}_{cid}")
         d.mkdir(parents=True, exist_ok=True)
         rows = [{k: _json_value(v) for k, v in row.items()
                  if k == "step" or k in KEPT_KEYS or k.startswith(KEPT_PREFIXES)} for row in r.rows]
