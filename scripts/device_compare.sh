@@ -22,9 +22,6 @@ WHEELS=${WHEELS:-.whl}
 [ -d /tmp/site/transformers ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site "$WHEELS"/*.whl || exit 1
 export PYTHONPATH=/tmp/site PYTHON=python3 PYTHONUNBUFFERED=1
-if [ ! -e ragen_turn/envs ]; then  # what setup.py's package_dir stands for, without an install; removed at the end
-  ln -s ../envs ragen_turn/envs && trap 'rm -f ragen_turn/envs' EXIT
-fi
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader; nproc
 (while sleep 15; do echo "$(( $(date +%s) - T0 )) s $(nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader) load $(cut -d' ' -f1 /proc/loadavg) runs $(pgrep -fc 'python3 -m ragen_turn[.]train')"; done) > "$OUT/mon.log" 2>&1 &
 MON=$!

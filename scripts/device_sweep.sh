@@ -32,9 +32,6 @@ export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 export RAGEN_TURN_RUNS_DIR=${RAGEN_TURN_RUNS_DIR:-runs/sweep_device} RAGEN_TURN_CACHE_DIR=${RAGEN_TURN_CACHE_DIR:-/tmp/ragen_turn_cache}
 CLEANUP=()  # what the EXIT trap undoes: only what this script made
 trap 'for c in "${CLEANUP[@]}"; do eval "$c"; done' EXIT
-if [ ! -e ragen_turn/envs ]; then  # what setup.py's package_dir stands for, without an install; removed at the end
-  ln -s ../envs ragen_turn/envs && CLEANUP+=("rm -f ragen_turn/envs")
-fi
 if command -v nvidia-cuda-mps-control > /dev/null; then  # the runs' kernels share the GPU instead of taking turns
   CUDA_MPS_PIPE_DIRECTORY=$(mktemp -d /tmp/ragen_turn_mps.XXXXXX); CUDA_MPS_LOG_DIRECTORY=$CUDA_MPS_PIPE_DIRECTORY/log
   export CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY

@@ -57,9 +57,6 @@ phase_env() {
   if [ "$DRY" = 0 ]; then
     [ -d "$SITE/verl" ] || PYTHON=$PY bash scripts/device_wheels.sh install "$STAGE" "$SITE" || return 1
     export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
-    if [ ! -e ragen_turn/envs ]; then  # what setup.py's package_dir stands for, without an install
-      ln -s ../envs ragen_turn/envs && trap 'rm -f ragen_turn/envs' EXIT
-    fi
     export PYTHONPATH=$PWD:$PYTHONPATH  # Ray's workers import ragen_turn from here too
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   fi

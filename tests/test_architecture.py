@@ -13,6 +13,7 @@ part-to-part imports in docs/ARCHITECTURE.md is checked against the same graph.
 from __future__ import annotations
 
 import ast
+import os
 import re
 from pathlib import Path
 from typing import Dict, List, Set
@@ -32,8 +33,6 @@ def module_files() -> Dict[str, Path]:
         for path in sorted(base.rglob("*.py")):
             rel = path.relative_to(base).with_suffix("")
             parts = [p for p in rel.parts if p != "__init__"]
-            if pkg == "ragen_turn" and parts and parts[0] == "envs":
-                continue  # not a package here (envs/ is mapped, see SOURCES)
             out[".".join([pkg, *parts])] = path
     return out
 
@@ -249,3 +248,25 @@ def test_a_new_algorithm_is_one_registry_entry_and_one_yaml(tmp_path):
                 validate_config(micro_config([search, "algo=rloo", *bad]))
     finally:
         ADV_ESTIMATOR_REGISTRY.pop("rloo", None)
+
+
+def test_a_working_tree_that_is_not_installed_finds_its_envs(tmp_path):
+    """The GPU scripts run ``python -m ragen_turn.train`` from a copy of the tree with no install: ragen_turn.envs is
+    that copy's top-level envs/ (ragen_turn/__init__.py), as setup.py's package_dir maps it on an install. Run with
+    ``-S`` and the dependencies on PYTHONPATH, so this venv's editable install (its finder) is not there to help."""
+    import shutil
+    import site
+    import subprocess
+    import sys
+
+    tree = tmp_path / "tree"
+    for part in ("ragen_turn", "envs"):
+        shutil.copytree(ROOT / part, tree / part, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copyfile(ROOT / "setup.py", tree / "setup.py")
+    code = ("import ragen_turn.envs.sokoban.env as m, ragen_turn.envs as e; print(m.__file__); "
+            "print(sorted(e.REGISTERED_ENVS)[:3]); import importlib.util as u; print(u.find_spec('ragen_turn.envs'))")
+    env = {"PYTHONPATH": os.pathsep.join([str(tree), *site.getsitepackages()]), "PATH": os.environ.get("PATH", "")}
+    out = subprocess.run([sys.executable, "-S", "-c", code], cwd=tree, env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[0] == str(tree / "envs" / "sokoban" / "env.py"), out.stdout
+    assert not (tree / "ragen_turn" / "envs").exists()  # nothing made inside the package
