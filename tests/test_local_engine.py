@@ -212,7 +212,7 @@ def test_bootstrap_truncated_reads_the_value_after_the_last_token(algo, tmp_path
     """Episodes cut by the turn limit bootstrap from the critic's value after their last token; finished ones
     (the solver's one-turn episodes) do not; the advantages are the GAE with those last values."""
     from ragen_turn.algos import get_adv_estimator_fn
-    from ragen_turn.engines.common import critic_targets, normalized_turn_rewards
+    from ragen_turn.engines.advantages import critic_targets, normalized_turn_rewards
 
     runs = {}
     for boot in (False, True):
@@ -544,7 +544,7 @@ def test_eval_checkpoint_schema(tmp_path):
 
 
 def test_advantage_metrics_split_capped_turns():
-    from ragen_turn.engines.common import advantage_metrics
+    from ragen_turn.engines.advantages import advantage_metrics
 
     # row 0: turn 0 has 3 tokens (the cap), turn 1 has 1; row 1: one turn of 2 tokens; -1 = env / padding
     turn_ids = torch.tensor([[0, 0, 0, -1, 1, -1], [-1, 0, 0, -1, -1, -1]])
@@ -560,7 +560,7 @@ def test_advantage_metrics_split_capped_turns():
 
 
 def test_starpo_s_group_filter_keeps_top_groups_by_std_or_mean():
-    from ragen_turn.engines.common import kept_rows
+    from ragen_turn.engines.rollout_filter import kept_rows
 
     gids = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3])
     rewards = torch.tensor([0.0, 10.0, 5.0, 5.0, 1.0, 2.0, 7.0, 9.0])  # stds 5, 0, .5, 1 ; means 5, 5, 1.5, 8

@@ -1,4 +1,4 @@
-"""RAGEN-2's rollout filter (``common.filter_rows``, both engines): group selection by strategy, RAGEN's top_k
+"""RAGEN-2's rollout filter (``rollout_filter.filter_rows``, both engines): group selection by strategy, RAGEN's top_k
 floor, RAGEN's ``rollout/*`` metrics, an empty selection, and RAGEN's README command.
 
 Hand cases below; the selection was also compared with RAGEN's own ``RolloutFilter._select_top_groups``
@@ -20,7 +20,7 @@ import torch
 
 from helpers import TEST_DEVICE, micro_config
 from ragen_turn.config import FilterSpec, kept_batch_size, kept_group_count
-from ragen_turn.engines.common import filter_rows, kept_rows, pad_rows, select_groups
+from ragen_turn.engines.rollout_filter import filter_rows, kept_rows, pad_rows, select_groups
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -12,7 +12,7 @@ import torch
 
 from ragen_turn import algos
 from ragen_turn.config import kept_batch_size, validate_config
-from ragen_turn.engines import common, runlog
+from ragen_turn.engines import advantages, rollout_filter, runlog
 
 from helpers import micro_config
 
@@ -95,23 +95,23 @@ def test_turn_gae_estimator_is_turn_gae_over_values_at_turn_starts():
 def test_turn_critic_targets_are_the_turn_returns_at_turn_starts():
     cfg = micro_config(["algo=turn_ppo"])
     batch = _batch(seed=5)
-    common.compute_advantages(batch, cfg)
-    mask, old, returns = common.critic_targets(batch, "turn")
+    advantages.compute_advantages(batch, cfg)
+    mask, old, returns = advantages.critic_targets(batch, "turn")
     assert batch.returns is None and returns is batch.turn_returns  # as turn GAE gave them: no read-back
     H = batch.turn_mask.shape[1]
     tvals = algos.turn_start_values(batch.values, batch.turn_ids, H)
-    _, turn_ret = algos.compute_turn_gae(common.normalized_turn_rewards(batch, cfg), tvals, batch.turn_mask,
+    _, turn_ret = algos.compute_turn_gae(advantages.normalized_turn_rewards(batch, cfg), tvals, batch.turn_mask,
                                          cfg.algorithm.gamma, cfg.algorithm.lam)
     assert torch.equal(mask, batch.turn_mask) and torch.equal(old, tvals)
     assert torch.allclose(returns, turn_ret, atol=1e-6)
     # fresh values are read in the same layout; the token critic's targets are the tokens' own
-    assert torch.equal(common.critic_values(batch.values, batch, "turn"), tvals)
-    common.compute_advantages(batch, micro_config(["algo=token_ppo"]))
+    assert torch.equal(advantages.critic_values(batch.values, batch, "turn"), tvals)
+    advantages.compute_advantages(batch, micro_config(["algo=token_ppo"]))
     assert batch.turn_returns is None
-    mask, old, returns = common.critic_targets(batch, "token")
+    mask, old, returns = advantages.critic_targets(batch, "token")
     assert mask is batch.response_mask and old is batch.values and returns is batch.returns
     with pytest.raises(ValueError, match="critic.level=none"):
-        common.critic_targets(batch, "none")
+        advantages.critic_targets(batch, "none")
 
 
 @pytest.mark.parametrize("algo,key,value,fine", [
@@ -153,7 +153,7 @@ def test_kept_batch_size_is_what_the_filter_keeps():
     groups = torch.arange(5).repeat_interleave(3)
     rewards = torch.randn(15, generator=torch.Generator().manual_seed(0))
     # 5 x 0.5 = 2.5 groups rounds (half to even) to 2: the config check and the filter agree
-    assert len(common.kept_rows(groups, rewards, 0.5, "std")) == kept_batch_size(cfg) == 6
+    assert len(rollout_filter.kept_rows(groups, rewards, 0.5, "std")) == kept_batch_size(cfg) == 6
 
 
 def test_metrics_log_and_its_resume_rule(tmp_path):
@@ -207,7 +207,7 @@ def test_mean_std_with_one_episode_per_group_leaves_rewards_alone():
     """G = 1 (the papers' batch design): RAGEN normalises nothing when no group has two episodes; the old rule
     divided by std + 1e-6 = 1e-6 and gave [-1e5, -1e5, 2e5]-sized rewards."""
     batch = _episodes_batch([[-0.1, -0.1, 10.9], [-0.1, 1.0]], [0, 1])
-    out = common.normalized_turn_rewards(batch, _norm_cfg("mean_std"))
+    out = advantages.normalized_turn_rewards(batch, _norm_cfg("mean_std"))
     assert torch.allclose(out, batch.turn_rewards)
     assert float(out.abs().max()) < 11
 
@@ -217,23 +217,23 @@ def test_mean_std_zero_for_groups_without_spread():
     batch = _episodes_batch([[10.9, -0.1, -0.1], [-0.1, -0.1, 10.9], [1.0], [3.0], [5.0]], [0, 0, 1, 1, 2])
     R = batch.turn_rewards.sum(dim=1)
     assert R[0] != R[1] and abs(float(R[0] - R[1])) < 2e-6
-    out = common.normalized_turn_rewards(batch, _norm_cfg("mean_std"))
+    out = advantages.normalized_turn_rewards(batch, _norm_cfg("mean_std"))
     ret = out.sum(dim=1)
     assert ret[:2].tolist() == [0.0, 0.0]  # std <= 1e-6: zeros (not 0.5 and 0)
     s = math.sqrt(2.0)  # sample std of (1, 3)
     assert ret[2:4].tolist() == pytest.approx([-1 / (s + 1e-6), 1 / (s + 1e-6)], rel=1e-5)
     assert ret[4].item() == 0.0  # a one-episode group in a batch with larger groups: no spread, zero
     assert torch.all(out[:2] == 0)  # every turn reward of a flat group is 0, not only the return
-    out_mean = common.normalized_turn_rewards(batch, _norm_cfg("mean"))
+    out_mean = advantages.normalized_turn_rewards(batch, _norm_cfg("mean"))
     assert out_mean.sum(dim=1)[2:].tolist() == pytest.approx([-1.0, 1.0, 0.0], abs=1e-5)
 
 
 def test_mean_std_over_the_batch_and_equal_returns():
     batch = _episodes_batch([[1.0], [1.0], [1.0]], [0, 1, 2])
-    out = common.normalized_turn_rewards(batch, _norm_cfg("mean_std", grouping="batch"))
+    out = advantages.normalized_turn_rewards(batch, _norm_cfg("mean_std", grouping="batch"))
     assert torch.all(out == 0)  # one group of three equal returns
     batch = _episodes_batch([[1.0, 1.0], [0.0]], [0, 1])
-    out = common.normalized_turn_rewards(batch, _norm_cfg("mean_std", grouping="batch", turn_scores=False))
+    out = advantages.normalized_turn_rewards(batch, _norm_cfg("mean_std", grouping="batch", turn_scores=False))
     ret = out.sum(dim=1)
     assert ret.tolist() == pytest.approx([1 / (math.sqrt(2) + 1e-6), -1 / (math.sqrt(2) + 1e-6)], rel=1e-5)
     assert out[0, 0].item() == 0.0  # use_turn_scores=false: the return sits on the last turn

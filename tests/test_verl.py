@@ -206,7 +206,7 @@ def test_loss_runs_inside_verls_ppo_loss(model_dir):
 
     from ragen_turn import algos
     from ragen_turn.engines.verl import register  # noqa: F401  (our losses in verl's registry)
-    from ragen_turn.engines.verl.losses import TURNS_FIELD, ppo_loss_with_turn_counts
+    from ragen_turn.engines.verl.turn_counts import TURNS_FIELD, ppo_loss_with_turn_counts
 
     _, vcfg = verl_cfg(model_dir, "algo=turn_ppo")
     actor = omega_conf_to_dataclass(vcfg.actor_rollout_ref.actor)
@@ -822,12 +822,12 @@ def test_trainer_class_subclasses_verls_ray_ppo_trainer():
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
     import ragen_turn.engines.verl.trainer as vt
-    from ragen_turn.engines import common
+    from ragen_turn.engines import advantages
 
     assert issubclass(vt.StarPOTrainer, RayPPOTrainer)
-    # one trainer for every algorithm: the turn critic is critic_batch on common.critic_targets
+    # one trainer for every algorithm: the turn critic is critic_batch on advantages.critic_targets
     assert not hasattr(vt, "TurnPPOTrainer") and not hasattr(vt, "TRAINERS")
-    assert vt.critic_targets is common.critic_targets
+    assert vt.critic_targets is advantages.critic_targets
 
 
 @needs_verl
@@ -893,7 +893,7 @@ def test_minibatch_turn_counts_follow_verls_dispatch_and_minibatching():
     from verl import DataProto
     from verl.utils import tensordict_utils as tu
 
-    from ragen_turn.engines.verl.losses import minibatch_turn_counts
+    from ragen_turn.engines.verl.turn_counts import minibatch_turn_counts
 
     B, mini, dp = 16, 8, 2
     turns = torch.randint(1, 6, (B,), generator=torch.Generator().manual_seed(0)).float()
@@ -916,7 +916,7 @@ def test_minibatch_turn_counts_follow_verls_dispatch_and_minibatching():
 def test_verl_advantages_equal_the_local_engines(model_dir, algo):
     """Advantages on the verl layout (response coordinates) == the local engine's on its own layout."""
     from ragen_turn import algos
-    from ragen_turn.engines import common
+    from ragen_turn.engines import advantages
     from ragen_turn.engines.verl.trainer import StarPOTrainer, critic_batch, to_trajectory
     from ragen_turn.rollout import Trajectory
     from ragen_turn.rollout.trajectory import Episode
@@ -953,7 +953,7 @@ def test_verl_advantages_equal_the_local_engines(model_dir, algo):
         r_len = int(out.batch["attention_mask"][i][P:].sum())
         full.values[i, p_len: p_len + r_len] = values[i, :r_len]
     full.values = full.values * full.response_mask
-    common.compute_advantages(full, cfg)  # the same functions on the local engine's full-row layout
+    advantages.compute_advantages(full, cfg)  # the same functions on the local engine's full-row layout
     full_returns = full.returns if cfg.critic.level != "turn" else \
         algos.scatter_turns(full.turn_returns, full.turn_ids) * full.response_mask  # verl's token layout
     for i in range(B):
@@ -966,9 +966,9 @@ def test_verl_advantages_equal_the_local_engines(model_dir, algo):
         cb = critic_batch(out, traj, "turn")
         rm = cb.batch["response_mask"].float()
         assert torch.equal(rm.sum(1), traj.turn_mask.sum(1))  # one position per turn: its first token
-        _, _, turn_returns = common.critic_targets(traj, "turn")
+        _, _, turn_returns = advantages.critic_targets(traj, "turn")
         assert torch.allclose((cb.batch["returns"] * rm).sum(1), turn_returns.sum(1), atol=1e-5)
-        assert torch.allclose(common.critic_targets(full, "turn")[2], turn_returns, atol=1e-5)
+        assert torch.allclose(advantages.critic_targets(full, "turn")[2], turn_returns, atol=1e-5)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -1014,7 +1014,7 @@ class FakeActorWG:
     def update_actor(self, td):
         from verl.utils import tensordict_utils as tu
 
-        from ragen_turn.engines.verl.losses import TURNS_FIELD, ppo_loss_with_turn_counts
+        from ragen_turn.engines.verl.turn_counts import TURNS_FIELD, ppo_loss_with_turn_counts
 
         n = int(td["input_ids"].values().numel())
         tu.assign_non_tensor(td, dp_size=1, batch_num_tokens=int(td["response_mask"].sum()),
@@ -1519,7 +1519,7 @@ def test_weights_reach_the_hf_rollout_after_an_update(parity):
 
 @needs_verl
 def test_top_p_filter_on_verl_pads_the_kept_rows_and_skips_an_empty_step(model_dir, tmp_path, monkeypatch):
-    """RAGEN-2's top_p filter through the verl trainer (the same common.filter_rows as the local engine): RAGEN's
+    """RAGEN-2's top_p filter through the verl trainer (rollout_filter.filter_rows, as the local engine): RAGEN's
     rollout/* metrics, kept rows repeated up to a multiple of lcm(ppo_mini_batch_size, dp), and a step whose filter
     keeps nothing makes no update (the weights still sync)."""
     import json

@@ -30,7 +30,7 @@ sys.path[:0] = [str(HERE), str(HERE.parent)]
 import torch  # noqa: E402
 
 import ragen_turn.engines.verl.cpu_platform  # noqa: E402,F401  (the platform, then verl's other registries)
-import ragen_turn.engines.verl.models  # noqa: E402,F401
+import ragen_turn.engines.verl.value_model  # noqa: E402,F401
 import ragen_turn.engines.verl.hf_rollout  # noqa: E402,F401
 import ragen_turn.engines.verl.register  # noqa: E402,F401
 import ragen_turn.engines.verl.agent_loop  # noqa: E402,F401

@@ -10,7 +10,7 @@ spec, ``fn.spec``), so a new algorithm is one registered function plus one ``con
   clipping-bias correction on.
 
 The config checks, the critic each engine builds and trains, the verl registrations and RAGEN-key messages
-are derived from these (``ragen_turn/config.py``, ``engines/common.py``, ``engines/verl/register.py``,
+are derived from these (``ragen_turn/config.py``, ``engines/advantages.py``, ``engines/verl/register.py``,
 ``ragen_turn/ragen_keys.py``).
 """
 from __future__ import annotations

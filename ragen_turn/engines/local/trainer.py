@@ -11,7 +11,7 @@ One training step, in order (CleanRL's shape, RAGEN's names)::
 
 The advantage estimator and the policy loss come from the config by name; the critic follows the estimator
 (``critic.level``, from its registry entry): none, a token critic, or the turn critic V(s_h), which is the
-same critic trained only at the turn starts on return_h (``engines.common.critic_targets``, shared with the
+same critic trained only at the turn starts on return_h (``engines.advantages.critic_targets``, shared with the
 verl engine). Config checks, device/seeds and what a run logs live outside the engine (``ragen_turn.config``,
 ``runtime``, ``engines.runlog``).
 """
@@ -43,8 +43,8 @@ from ragen_turn.algos import (
 from ragen_turn.config import model_config, policy_loss_config, validate_config
 from ragen_turn.engines import checkpoints as ckpt
 from ragen_turn.config import FilterSpec
-from ragen_turn.engines.common import (advantage_metrics, compute_advantages, critic_targets, critic_values,
-                                      filter_rows)
+from ragen_turn.engines.advantages import advantage_metrics, compute_advantages, critic_targets, critic_values
+from ragen_turn.engines.rollout_filter import filter_rows
 from ragen_turn.engines.rundir import (
     DiskFull,
     TrainingStopped,
@@ -198,7 +198,7 @@ class StarPOTrainer:
         return Trajectory.from_episodes(episodes, self.tokenizer.pad_token_id)
 
     def filter_groups(self, batch: Trajectory) -> Trajectory:
-        """The rollout filter (StarPO-S top_k, RAGEN-2's top_p, ...: ``common.filter_rows``); its ``rollout/*``
+        """The rollout filter (StarPO-S top_k, RAGEN-2's top_p, ...: ``rollout_filter.filter_rows``); its ``rollout/*``
         metrics are left in ``self.filter_metrics``. The batch may come back empty (top_p when no group's rewards
         vary): the step then trains on nothing."""
         spec = FilterSpec.from_config(self.cfg.actor_rollout_ref.rollout)
@@ -249,7 +249,7 @@ class StarPOTrainer:
     # -------------------------------------------------------------------------------- critic
     def value_targets(self, batch: Trajectory):
         """``(values, returns, mask)`` the critic is trained on
-        (:func:`~ragen_turn.engines.common.critic_targets`: tokens ``[B, T]``, or the turn starts ``[B, H]``
+        (:func:`~ragen_turn.engines.advantages.critic_targets`: tokens ``[B, T]``, or the turn starts ``[B, H]``
         for the turn critic): the values are the critic's before this step's update, so
         ``critic/explained_var`` over them is CleanRL's."""
         mask, old, returns = critic_targets(batch, self.cfg.critic.level)
@@ -257,7 +257,7 @@ class StarPOTrainer:
 
     def critic_loss(self, mb: Trajectory, values: torch.Tensor, counts: Optional[GlobalCounts] = None):
         """The critic's loss on a micro-batch from fresh ``values`` ``[b, T]`` (token layout) read where
-        :func:`~ragen_turn.engines.common.critic_targets` puts its targets: its share of the mean over the
+        :func:`~ragen_turn.engines.advantages.critic_targets` puts its targets: its share of the mean over the
         mini-batch's response tokens (token critic) or turns (turn critic) (``counts``)."""
         level = self.cfg.critic.level
         mask, old, returns = critic_targets(mb, level)

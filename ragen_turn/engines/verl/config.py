@@ -23,7 +23,7 @@ from ragen_turn.config import kept_batch_size, policy_loss_config, validate_conf
 # every Ray worker imports these at `import verl` (VERL_USE_EXTERNAL_MODULES); the CPU platform first, so it
 # exists before anything asks verl for one
 EXTERNAL_MODULES = ",".join("ragen_turn.engines.verl." + m for m in (
-    "cpu_platform", "models", "hf_rollout", "register", "agent_loop"))
+    "cpu_platform", "value_model", "hf_rollout", "register", "agent_loop"))
 AGENT_LOOP_NAME = "ragen_turn_env"
 DEVICES = ("auto", "cpu", "cuda")
 ROLLOUTS = ("hf", "vllm", "sglang")
@@ -216,8 +216,8 @@ def _without_device(cfg: DictConfig) -> DictConfig:
 
 
 def attn_implementation(device: str, host: Optional[Host] = None) -> str:
-    """``flash_attention_2`` on cuda when ``host`` has flash-attn, else ``sdpa`` (see :mod:`.models`)."""
-    from .models import FLASH_ATTENTION, SDPA
+    """``flash_attention_2`` on cuda when ``host`` has flash-attn, else ``sdpa`` (see :mod:`.value_model`)."""
+    from .value_model import FLASH_ATTENTION, SDPA
 
     host = host or Host.this_machine()
     return FLASH_ATTENTION if device != "cpu" and "flash_attn" in host.installed else SDPA

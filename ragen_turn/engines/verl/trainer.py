@@ -8,8 +8,8 @@ with the trainer's own helpers (``_compute_old_log_prob``, ``_compute_ref_log_pr
     rollout     agent loop -> verl layout (prompts | responses, response_mask, turn ids, turn rewards)
     filter      StarPO-S: keep the top rollout_filter_ratio env groups
     score       old log-probs, reference log-probs (KL on), critic values
-    advantages  engines.common (both engines): the registry's grpo | token_gae | bi_level_gae | turn_gae
-    critic      engines.common.critic_targets (both engines): every response token, or the turn starts only
+    advantages  engines.advantages (both engines): the registry's grpo | token_gae | bi_level_gae | turn_gae
+    critic      engines.advantages.critic_targets (both engines): every response token, or the turn starts only
                 for the turn critic (see below)
     actor       verl's ppo_loss calling our registered policy loss (see register.py)
 
@@ -47,8 +47,8 @@ from ragen_turn.algos import (check_turn_ids, place_turn_rewards, scatter_turns,
                               turn_mask_from_ids)
 from ragen_turn.config import FilterSpec
 from ragen_turn.engines import checkpoints as ckpt
-from ragen_turn.engines.common import (advantage_metrics, compute_advantages, critic_targets, filter_rows,
-                                      normalized_turn_rewards, pad_rows)
+from ragen_turn.engines.advantages import advantage_metrics, compute_advantages, critic_targets, normalized_turn_rewards
+from ragen_turn.engines.rollout_filter import filter_rows, pad_rows
 from ragen_turn.engines.rundir import crash_point, record_config, run_complete, writing
 from ragen_turn.runtime import derived_seed
 from ragen_turn.engines.runlog import (
@@ -61,7 +61,7 @@ from ragen_turn.rollout.env_manager import EnvGroupManager
 from . import register  # noqa: F401  (our losses / estimators in the driver's registries too)
 from .agent_loop import episode_from_summary
 from .config import AGENT_LOOP_NAME
-from .losses import TURNS_FIELD, minibatch_turn_counts, ppo_loss_with_turn_counts
+from .turn_counts import TURNS_FIELD, minibatch_turn_counts, ppo_loss_with_turn_counts
 
 TRAIN_KEYS = ("input_ids", "attention_mask", "position_ids", "prompts", "responses", "response_mask")
 
@@ -157,7 +157,7 @@ def turn_start_mask(turn_ids: torch.Tensor, turn_mask: torch.Tensor) -> torch.Te
 
 
 def critic_batch(batch: DataProto, traj: Trajectory, level: str) -> DataProto:
-    """The batch verl's critic update trains on: :func:`~ragen_turn.engines.common.critic_targets` (the local
+    """The batch verl's critic update trains on: :func:`~ragen_turn.engines.advantages.critic_targets` (the local
     engine's too) in verl's token layout.
 
     ``token``: values/returns on every response token (``response_mask`` as sampled).
