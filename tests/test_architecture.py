@@ -201,7 +201,8 @@ def test_checker_sees_violations(tmp_path):
     g2 = {"ragen_turn.engines.verl.trainer": {"ragen_turn.engines.local.trainer"}}
     assert edges(g2, "ragen_turn.engines.verl", "ragen_turn.engines.local")
     known = {"ragen_turn", "ragen_turn.algos", "ragen_turn.algos.turns", "ragen_turn.engines.advantages"}
-    src = "from ..engines.advantages import x\nfrom . import turns\n\ndef f():\n    import ragen_turn.engines.advantages\n"
+    src = ("from ..engines.advantages import x\nfrom . import turns\n\ndef f():\n"
+           "    import ragen_turn.engines.advantages\n")
     probe = tmp_path / "probe.py"
     probe.write_text(src)
     parsed = imports_of("ragen_turn.algos.probe", probe, known)  # as if it were ragen_turn/algos/probe.py

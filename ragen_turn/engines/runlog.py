@@ -17,7 +17,7 @@ import torch
 
 from ragen_turn.engines.rundir import atomic_write_text, writing
 from ragen_turn.rollout import Trajectory
-from ragen_turn.runtime import eta, fmt_duration  # noqa: F401  (re-exported: the trainers' progress lines)
+from ragen_turn.runtime import fmt_duration
 from ragen_turn.runfiles import PROVENANCE_FILE, VAL_SUCCESS, read_metrics
 
 

@@ -30,6 +30,8 @@ from typing import Any, Callable, Dict, List, Tuple
 
 import torch
 
+from ragen_turn.runtime import eta
+
 BATCH_SIZE = 32
 LR = 1e-3
 SPAN = (4, 24)       # tokens in the span to repeat
@@ -104,9 +106,8 @@ def copy_pretrain(model: torch.nn.Module, tokenizer: Any, steps: int, seed: int 
             if step in (1, steps) or step % max(1, steps // 10) == 0 or time.time() - shown >= 30:
                 shown = time.time()
                 recent = losses[-max(1, steps // 10):]
-                left = (shown - t0) / step * (steps - step)  # (models/ may not import engines/: no runlog.eta)
                 log(f"[tiny] copy pretraining step {step}/{steps}  nll {sum(recent) / len(recent):.3f}  "
-                    f"{shown - t0:.0f}s, ETA {left:.0f}s")
+                    f"{eta(step, steps, shown - t0)}")
     model.eval()
     return {"copy_nll_first": sum(losses[:10]) / max(1, len(losses[:10])),
             "copy_nll_last": sum(losses[-10:]) / max(1, len(losses[-10:])), "seconds": time.time() - t0}

@@ -58,8 +58,6 @@ from ragen_turn.engines.runlog import (
     GENERATIONS_FILE,
     append_metrics,
     episode_metrics,
-    eta,
-    fmt_duration,
     progress_line,
     record_provenance,
     run_header,
@@ -68,7 +66,7 @@ from ragen_turn.engines.runlog import (
     val_split_name,
     write_generations,
 )
-from ragen_turn.runtime import derived_seed, pick_device, seed_everything
+from ragen_turn.runtime import derived_seed, eta, fmt_duration, pick_device, seed_everything
 from ragen_turn.models import CriticModel, load_model_and_tokenizer, logprobs_and_hidden, sequence_logprobs
 from ragen_turn.rollout import ChatFormatter, EnvGroupManager, Trajectory, context_config, run_episodes, throttled
 from ragen_turn.rollout.context import check_context_fits
