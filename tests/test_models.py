@@ -14,7 +14,7 @@ from ragen_turn.models import (  # noqa: E402
     KNOWN_MODELS, CriticModel, ModelNotAvailableError, export_model, load_model_and_tokenizer,
     positions_from_mask, resolve_model_path, sequence_logprobs,
 )
-from ragen_turn.models import tiny as tiny_mod  # noqa: E402
+from ragen_turn.models import tiny as tiny_mod, tiny_corpus, tiny_tokenizer  # noqa: E402
 from ragen_turn.models.__main__ import main as models_cli  # noqa: E402
 
 GRID = "#######\n#_P_OX#\n#√S__X#\n#__O__#\n#######"
@@ -55,7 +55,7 @@ def test_tiny_grid_one_token_per_cell(tiny):
     _, tok, _ = tiny
     import random
     rng = random.Random(0)
-    grids = [GRID] + ["\n".join("".join(rng.choice(tiny_mod.GRID_SYMBOLS) for _ in range(rng.randint(1, 9)))
+    grids = [GRID] + ["\n".join("".join(rng.choice(tiny_corpus.GRID_SYMBOLS) for _ in range(rng.randint(1, 9)))
                                 for _ in range(rng.randint(1, 8))) for _ in range(200)]
     for grid in grids:
         pieces = tok.tokenize(grid)
@@ -72,7 +72,8 @@ def test_tiny_grid_one_token_per_cell(tiny):
 
 def test_tiny_tags_actions_and_round_trip(tiny):
     _, tok, _ = tiny
-    for word in tiny_mod.TAG_TOKENS + tiny_mod.ACTION_WORDS + ["||", " ||"] + [" " + w for w in tiny_mod.ACTION_WORDS]:
+    words = tiny_corpus.ACTION_WORDS
+    for word in tiny_tokenizer.TAG_TOKENS + words + ["||", " ||"] + [" " + w for w in words]:
         assert len(tok(word).input_ids) == 1, word
     assert tok.tokenize("<answer>Up || Right</answer>") == ["<answer>", "Up", "Ġ||", "ĠRight", "</answer>"]
     for text in ["<think>The box is below me.</think><answer>Down || Left</answer>",
@@ -226,7 +227,7 @@ def test_hf_checkpoint_without_pad_gets_one(tiny_cache, tmp_path):
 
 def test_tiny_tokenizer_same_however_loaded(tiny):
     _, tok, _ = tiny
-    built = tiny_mod.build_tokenizer()
+    built = tiny_tokenizer.build_tokenizer()
     assert json.loads(built.backend_tokenizer.to_str()) == json.loads(tok.backend_tokenizer.to_str())
     text = ("Turn 2:\nState:\n" + GRID
             + "\nYou have 9 actions left. <think>Push it Up</think><answer>Up || Left</answer>")

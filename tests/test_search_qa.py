@@ -494,13 +494,13 @@ def test_config_checks_name_the_key():
 # ------------------------------------------------------------------------------------------------ rollout, warm start
 @pytest.fixture(scope="module")
 def search_tokenizer():
-    from ragen_turn.models.tiny import build_tokenizer
+    from ragen_turn.models.tiny_tokenizer import build_tokenizer
 
     return build_tokenizer(corpus="search_qa")
 
 
 def test_search_qa_tokenizer_tags_and_names(search_tokenizer):
-    from ragen_turn.models.tiny import SEARCH_TAG_TOKENS, TAG_TOKENS, build_tokenizer
+    from ragen_turn.models.tiny_tokenizer import SEARCH_TAG_TOKENS, TAG_TOKENS, build_tokenizer
 
     tok, default = search_tokenizer, build_tokenizer()
     assert len(tok) == 2048

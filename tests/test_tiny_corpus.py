@@ -1,9 +1,10 @@
-"""The tiny tokenizer's corpus (ragen_turn/models/tiny.py) holds copies of prompt text; these tests fail when a copy
-and the real text drift apart.
+"""The tiny tokenizer's corpus (ragen_turn/models/tiny_corpus.py) holds copies of prompt text; these tests fail when a
+copy and the real text drift apart.
 
 The corpus is not generated from the live prompt code on purpose: any change to the corpus retrains the tiny
 tokenizer, which changes every cached tiny model and warm start and every seeded number. So when a test here fails,
-either update the copy in tiny.py and bump ``TOKENIZER_VERSION`` (accepting that), or update the expectation below.
+either update the copy in tiny_corpus.py and bump ``tiny_tokenizer.TOKENIZER_VERSION`` (accepting that), or update the
+expectation below.
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import re
 
 from helpers import micro_config, tiny_tokenizer
 
-from ragen_turn.models.tiny import SEARCH_QA_CHAT, build_corpus
+from ragen_turn.models.tiny_corpus import SEARCH_QA_CHAT, build_corpus
 from ragen_turn.rollout import ChatFormatter, EnvGroupManager, TextPolicy, context_config, run_episodes
 from ragen_turn.rollout.context import ContextConfig, system_prompt, user_message
 
@@ -42,7 +43,7 @@ def _search_qa_episode_text():
 def test_search_qa_chat_copies_are_the_real_prompt_text():
     text = _search_qa_episode_text()
     missing = [line for line in SEARCH_QA_CHAT if line not in text]
-    assert not missing, f"tiny.SEARCH_QA_CHAT no longer matches the search-QA prompts: {missing}"
+    assert not missing, f"tiny_corpus.SEARCH_QA_CHAT no longer matches the search-QA prompts: {missing}"
 
 
 # Words of the Sokoban / WebShop prompt text (system prompts with and without the env's rules, the user message's
@@ -77,4 +78,5 @@ def test_agents_corpus_covers_the_sokoban_and_webshop_prompt_words():
         unseen[name] = _words(system_prompt(instruction, ContextConfig(enable_think=True))) - corpus - frame
     assert unseen == KNOWN_UNSEEN, (
         "the Sokoban / WebShop prompt words outside the tiny tokenizer's corpus changed: update KNOWN_UNSEEN, or "
-        "the corpus in ragen_turn/models/tiny.py (and bump TOKENIZER_VERSION; see this file's docstring)")
+        "the corpus in ragen_turn/models/tiny_corpus.py (and bump tiny_tokenizer.TOKENIZER_VERSION; see this file's "
+        "docstring)")

@@ -152,19 +152,19 @@ def _build_once(final_dir: Path, build, meta: dict[str, Any]) -> Path:
 # per-name directory builders
 # ----------------------------------------------------------------------------------------------------------------
 def _tiny_dir(model_cfg: Mapping[str, Any] | None) -> Path:
-    from . import tiny
+    from . import tiny, tiny_tokenizer
 
     cfg = tiny.tiny_config(model_cfg)
     digest = tiny.config_hash(cfg)
     final_dir = default_cache_root(model_cfg) / f"tiny-{digest}"
 
     def build(tmp: Path) -> None:
-        tokenizer = tiny.build_tokenizer(seed=0, corpus=cfg["tokenizer_corpus"])
+        tokenizer = tiny_tokenizer.build_tokenizer(seed=0, corpus=cfg["tokenizer_corpus"])
         model = tiny.build_model(cfg, tokenizer)
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
 
-    meta = {"name": "tiny", "config": cfg, "hash": digest, "tokenizer_version": tiny.TOKENIZER_VERSION,
+    meta = {"name": "tiny", "config": cfg, "hash": digest, "tokenizer_version": tiny_tokenizer.TOKENIZER_VERSION,
             "dtype": "float32"}
     return _build_once(final_dir, build, meta)
 
