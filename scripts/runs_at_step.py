@@ -12,7 +12,8 @@ from __future__ import annotations
 import argparse
 import math
 
-from ragen_turn.report import VAL_SUCCESS, find_runs, get_key, load_run
+from ragen_turn.cfg_get import cfg_get
+from ragen_turn.report import VAL_SUCCESS, find_runs, load_run
 
 KEYS = (("env/format_error_rate", "format errors, last 5 steps", "{:.3f}"), ("actor/live_frac", "live share", "{:.3f}"),
         ("actor/approx_kl", "approx KL", "{:.4f}"), ("critic/explained_var", "critic explained var", "{:.3f}"),
@@ -40,7 +41,7 @@ def by_algo_seed(root):
     out = {}
     for d in find_runs([root]):
         run = load_run(d)
-        out.setdefault((get_key(run.config, "algo.name"), get_key(run.config, "seed")), run)
+        out.setdefault((cfg_get(run.config, "algo.name"), cfg_get(run.config, "seed")), run)
     return out
 
 

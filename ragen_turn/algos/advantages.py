@@ -26,8 +26,9 @@ import torch
 
 from typing import Any, Optional
 
+from ragen_turn.cfg_get import cfg_get
+
 from .checks import check_finite, check_mask, check_ndim, check_same_shape, check_unit_interval
-from .losses import cfg_get
 from .registry import EstimatorSpec, Registry
 from .turns import (
     compact_rows,

@@ -46,6 +46,8 @@ from typing import Any, Callable, Dict, Optional
 
 import torch
 
+from ragen_turn.cfg_get import cfg_get
+
 from .checks import check_finite, check_mask, check_ndim, check_same_shape
 from .registry import DEFAULT_AGG, LossSpec, Registry
 from .turns import check_turn_ids, scatter_turns, turn_sums, turn_token_counts, turn_ids_from_mask
@@ -58,20 +60,6 @@ policy_loss_spec = POLICY_LOSS_REGISTRY.spec  # name -> LossSpec
 TURN_BANDS = ("fixed", "sqrt_len")
 TOKEN_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 TURN_AGG_MODES = ("turn-mean", "token-mean", "seq-mean-turn-sum-token-norm")
-
-
-def cfg_get(config: Any, key: str, default: Any = None) -> Any:
-    """Read ``key`` from a dict-like or attribute config (verl's ``policy_loss`` sub-config too)."""
-    if config is None:
-        return default
-    if isinstance(config, dict) or hasattr(config, "keys") and hasattr(config, "get"):
-        val = config.get(key, None)
-    else:
-        val = getattr(config, key, None)
-        if val is None and hasattr(config, "policy_loss"):
-            sub = getattr(config, "policy_loss")
-            val = sub.get(key, None) if hasattr(sub, "get") else getattr(sub, key, None)
-    return default if val is None else val
 
 
 # --------------------------------------------------------------------------------------------

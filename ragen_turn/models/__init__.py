@@ -34,6 +34,8 @@ import uuid
 from pathlib import Path
 from typing import Any, Mapping
 
+from ragen_turn.cfg_get import cfg_get
+
 from .hf import dtype_name, quiet_hf, torch_dtype
 from .smollm2 import INSTALL_HINT as SMOLLM2_INSTALL_HINT, ModelNotAvailableError
 from .logprobs import logprobs_and_hidden, positions_from_mask, sequence_logprobs
@@ -52,16 +54,6 @@ __all__ = [
 # ----------------------------------------------------------------------------------------------------------------
 # small helpers
 # ----------------------------------------------------------------------------------------------------------------
-def _get(cfg: Mapping[str, Any] | None, key: str, default: Any = None) -> Any:
-    if cfg is None:
-        return default
-    try:
-        value = cfg.get(key, default)
-    except AttributeError:
-        value = getattr(cfg, key, default)
-    return default if value is None else value
-
-
 def _share_permissions(root: Path) -> None:
     """mkdtemp makes 0700 directories and some writers 0600 files; give the cache the usual umask permissions."""
     umask = os.umask(0)
@@ -74,7 +66,7 @@ def _share_permissions(root: Path) -> None:
 
 
 def default_cache_root(model_cfg: Mapping[str, Any] | None = None) -> Path:
-    root = _get(model_cfg, "cache_dir") or os.environ.get("RAGEN_TURN_CACHE_DIR") or "~/.cache/ragen_turn/models"
+    root = cfg_get(model_cfg, "cache_dir") or os.environ.get("RAGEN_TURN_CACHE_DIR") or "~/.cache/ragen_turn/models"
     return Path(str(root)).expanduser()
 
 
@@ -186,10 +178,10 @@ def resolve_model_path(model_cfg: Mapping[str, Any], dtype: Any = None) -> Path:
 
     Engines that want a path (verl) call this; the local engine calls `load_model_and_tokenizer`.
     """
-    path = _get(model_cfg, "path")
-    name = str(_get(model_cfg, "name", "hf" if path else "")).lower()
-    if _get(model_cfg, "pinned_cache") and not path:  # committed models and warm starts first (see seed_cache)
-        seed_cache(_get(model_cfg, "pinned_cache"), model_cfg)
+    path = cfg_get(model_cfg, "path")
+    name = str(cfg_get(model_cfg, "name", "hf" if path else "")).lower()
+    if cfg_get(model_cfg, "pinned_cache") and not path:  # committed models and warm starts first (see seed_cache)
+        seed_cache(cfg_get(model_cfg, "pinned_cache"), model_cfg)
     if path:
         p = Path(str(path)).expanduser()
         if not p.is_dir():
@@ -203,7 +195,7 @@ def resolve_model_path(model_cfg: Mapping[str, Any], dtype: Any = None) -> Path:
     if name == "tiny":
         return _tiny_dir(model_cfg)
     if name in ("smollm2-135m", "smollm2"):
-        return _smollm2_dir(model_cfg, dtype or _get(model_cfg, "dtype", "float32"))
+        return _smollm2_dir(model_cfg, dtype or cfg_get(model_cfg, "dtype", "float32"))
     if name == "hf":
         raise ValueError("model name 'hf' needs model.path (a local Hugging Face checkpoint directory)")
     raise ValueError(f"unknown model name {name!r}; known names: {', '.join(KNOWN_MODELS)} "
@@ -256,7 +248,7 @@ def load_model_and_tokenizer(model_cfg: Mapping[str, Any], device: Any = "cpu", 
     `model.path` raises FileNotFoundError; a missing optional package raises ModelNotAvailableError with the pip
     command.
     """
-    dtype = dtype if dtype is not None else _get(model_cfg, "dtype", "float32")
+    dtype = dtype if dtype is not None else cfg_get(model_cfg, "dtype", "float32")
     path = resolve_model_path(model_cfg, dtype=dtype)
     return load_hf(path, device=device, dtype=dtype)
 

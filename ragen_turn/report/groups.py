@@ -7,7 +7,8 @@ import json
 from pathlib import Path
 from typing import Any, Dict, List, Sequence, Tuple
 
-from ragen_turn.report.runs import Run, get_key
+from ragen_turn.cfg_get import cfg_get
+from ragen_turn.report.runs import Run
 
 
 ALGO_ORDER = ("grpo", "token_ppo", "bi_level_gae", "turn_ppo", "turn_ppo_geo", "turn_is", "s_ppo", "st_ppo",
@@ -32,7 +33,7 @@ def _hashable(v: Any) -> Any:
 def group_runs(runs: Sequence[Run], keys: Sequence[str]) -> List[Tuple[str, List[Run]]]:
     groups: Dict[Tuple[Any, ...], List[Run]] = {}
     for r in runs:
-        groups.setdefault(tuple(_hashable(get_key(r.config, k)) for k in keys), []).append(r)
+        groups.setdefault(tuple(_hashable(cfg_get(r.config, k)) for k in keys), []).append(r)
 
     def sort_key(item):
         out = []
@@ -45,7 +46,7 @@ def group_runs(runs: Sequence[Run], keys: Sequence[str]) -> List[Tuple[str, List
                 out.append((2, 0.0, str(v)))
         return out
 
-    return [(", ".join(_label_value(v) for v in vals), sorted(rs, key=lambda r: (str(get_key(r.config, "seed")),
+    return [(", ".join(_label_value(v) for v in vals), sorted(rs, key=lambda r: (str(cfg_get(r.config, "seed")),
                                                                                  str(r.path))))
             for vals, rs in sorted(groups.items(), key=sort_key)]
 
@@ -133,7 +134,7 @@ def group_keys(runs: Sequence[Run], group_by: Sequence[str], experiments: bool =
     experiment, its runs the seeds."""
     keys = list(group_by)
     for k in reversed(SEPARATE_BY):
-        if k not in keys and len({str(get_key(r.config, k)) for r in runs}) > 1:
+        if k not in keys and len({str(cfg_get(r.config, k)) for r in runs}) > 1:
             keys.insert(0, k)
     if experiments:
         control = run_control_keys()

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
+from ragen_turn.cfg_get import cfg_get
 from ragen_turn.runfiles import (CLIP_TOKEN, CLIP_TURN, CONFIG_FILE, ENTROPY, EVAL_PREFIX, FORMAT_ERRORS, KL,
                                  METRICS_FILE, PROVENANCE_FILE, RESPONSE_TOKENS, STEP_S, TRAIN_REWARD,
                                  TRAIN_SUCCESS, VAL_REWARD, VAL_S, VAL_SUCCESS, as_number, read_step_rows)
@@ -38,7 +39,7 @@ class Run:
 
     @property
     def total_steps(self) -> Optional[int]:
-        v = get_key(self.config, "trainer.total_training_steps")
+        v = cfg_get(self.config, "trainer.total_training_steps")
         return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
     @property
@@ -69,16 +70,6 @@ _num = as_number  # a metric value as a float (NaN for null and non-numbers): ra
 
 def _finite(v: float) -> bool:
     return isinstance(v, float) and math.isfinite(v)
-
-
-def get_key(cfg: Dict[str, Any], dotted: str, default: Any = None) -> Any:
-    cur: Any = cfg
-    for part in dotted.split("."):
-        if isinstance(cur, dict) and part in cur:
-            cur = cur[part]
-        else:
-            return default
-    return cur
 
 
 def load_config(path: Path) -> Dict[str, Any]:
@@ -180,7 +171,7 @@ def _json_value(v: Any) -> Any:
 def kept_name(r: Run) -> str:
     """The plain folder name of a kept run: ``<algo>_s<seed>`` from its config (letters, digits, ``_ . -``; a run
     without them keeps its directory name, made plain)."""
-    algo, seed = get_key(r.config, "algo.name"), get_key(r.config, "seed")
+    algo, seed = cfg_get(r.config, "algo.name"), cfg_get(r.config, "seed")
     base = f"{algo}_s{seed}" if algo is not None and seed is not None else r.path.name
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", base).strip("-") or "run"
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 import math
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ragen_turn.report.runs import Run, _finite, get_key
+from ragen_turn.cfg_get import cfg_get
+from ragen_turn.report.runs import Run, _finite
 from ragen_turn.runfiles import NAN, STEP_S, TRAIN_SUCCESS, VAL_S, VAL_SUCCESS
 
 
@@ -99,7 +100,7 @@ def _steps_to_censored(run: Run, threshold: float, smooth_window: int) -> Tuple[
         return float(hit), False
     if run.last_step is None:
         return NAN, False
-    freq = get_key(run.config, "trainer.test_freq")
+    freq = cfg_get(run.config, "trainer.test_freq")
     freq = int(freq) if isinstance(freq, int) and not isinstance(freq, bool) and freq > 0 else 1
     return float(run.last_step + freq), True
 
@@ -118,7 +119,7 @@ def _strata(runs: Sequence[Run], strata: Sequence[str]) -> List[List[Run]]:
     """The runs of a group split by the ``strata`` config keys (one list when there are none)."""
     by: Dict[Tuple[str, ...], List[Run]] = {}
     for r in runs:
-        by.setdefault(tuple(str(get_key(r.config, k)) for k in strata), []).append(r)
+        by.setdefault(tuple(str(cfg_get(r.config, k)) for k in strata), []).append(r)
     return [by[k] for k in sorted(by)]
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ragen_turn.report.runs import Run, _finite, _num, get_key
+from ragen_turn.cfg_get import cfg_get
+from ragen_turn.report.runs import Run, _finite, _num
 from ragen_turn.report.stats import (INTERVAL_METRICS, IMPROVEMENT_METRIC, _strata, best_eval, final_eval,
                                      init_eval, max_drop, mean_std, smooth, steps_to_threshold, train_mean,
                                      wall_minutes)
@@ -43,7 +44,7 @@ def _runs_cell(runs: Sequence[Run]) -> str:
     if partial:
         notes = []
         for r in partial:
-            seed = get_key(r.config, "seed")
+            seed = cfg_get(r.config, "seed")
             who = f"seed {seed}" if seed is not None else r.path.name
             total = r.total_steps if r.total_steps is not None else "?"
             if r.last_step is None:
@@ -178,7 +179,7 @@ def runs_table(groups: Sequence[Tuple[str, List[Run]]]) -> str:
     for label, runs in groups:
         for r in runs:
             n_eval = len(r.series(VAL_SUCCESS)[0])
-            lines.append(f"| `{r.path}` | {label} | {get_key(r.config, 'seed', '?')} | {r.status()} | {n_eval} | "
+            lines.append(f"| `{r.path}` | {label} | {cfg_get(r.config, 'seed', '?')} | {r.status()} | {n_eval} | "
                          f"{_fmt(final_eval(r, VAL_SUCCESS))} | {_fmt(wall_minutes(r), digits=1)} | "
                          f"{sum(r.nan_counts.values())} | {r.bad_lines} |")
     return "\n".join(lines)
@@ -187,7 +188,7 @@ def runs_table(groups: Sequence[Tuple[str, List[Run]]]) -> str:
 def duplicate_seed_warnings(groups: Sequence[Tuple[str, List[Run]]]) -> List[str]:
     out = []
     for label, runs in groups:
-        seeds = [get_key(r.config, "seed") for r in runs]
+        seeds = [cfg_get(r.config, "seed") for r in runs]
         dup = sorted({str(s) for s in seeds if seeds.count(s) > 1})
         if dup:
             out.append(f"group `{label}` holds several runs with seed {', '.join(dup)}: add the key that tells them "
@@ -230,7 +231,7 @@ def improvement_table(groups: Sequence[Tuple[str, List[Run]]], threshold: float,
             vals = [v for v in (INTERVAL_METRICS[metric][1](r, threshold, smooth_window)[0] for r in part)
                     if _finite(v)]
             if vals:
-                by[tuple(str(get_key(part[0].config, k)) for k in strata)] = vals
+                by[tuple(str(cfg_get(part[0].config, k)) for k in strata)] = vals
         scores[label] = by
     labels = [label for label, _ in groups]
     lines = ["| P(row > column) | " + " | ".join(f"`{x}`" for x in labels) + " |", "|" + "---|" * (len(labels) + 1)]

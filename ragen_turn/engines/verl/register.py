@@ -28,7 +28,7 @@ from verl.trainer.ppo import core_algos as verl_algos
 from verl.workers.config import PolicyLossConfig
 
 from ragen_turn import algos
-from ragen_turn.algos.losses import cfg_get
+from ragen_turn.cfg_get import cfg_get
 
 _KNOBS = ("ratio_mode", "clip_bias", "clip_bias_level", "clip_bias_stat", "clip_bias_threshold", "loss_agg_mode",
           "turn_band", "token_band", "loss_scale_factor")
