@@ -13,7 +13,8 @@ case "${1:-}" in
   --config-name=*) PICK=("$1"); shift ;;
   *)
     if [ $# -lt 2 ]; then
-      echo "usage: bash train.sh <env: sokoban|webshop|search_qa|an env_type registered by env_module=...> <algo: grpo|token_ppo|bi_level_gae|turn_ppo|turn_ppo_geo|turn_is|s_ppo|st_ppo|so_ppo|so_grpo> [overrides]" >&2
+      names() { ls "$1" | sed -n 's/\.yaml$//p' | paste -sd'|'; }  # the config group's choices: config/env, config/algo
+      echo "usage: bash train.sh <env: $(names config/env)|an env_type registered by env_module=...> <algo: $(names config/algo)> [overrides]" >&2
       echo "       bash train.sh --config-name <RAGEN's named run: _2_sokoban | _1_bandit | ...> [overrides]" >&2
       exit 2
     fi

@@ -132,6 +132,18 @@ def test_refused_command_leaves_no_run_dir(tmp_path):
     assert not run.exists()
 
 
+def test_train_sh_usage_lists_every_env_and_algo_config():
+    """``bash train.sh`` alone: the usage names each config/env and config/algo choice (read from the folders, so a
+    new algorithm's YAML is listed without editing train.sh)."""
+    out = subprocess.run(["bash", "train.sh"], cwd=ROOT, text=True, capture_output=True, timeout=60)
+    assert out.returncode == 2
+    first = out.stderr.splitlines()[0]
+    env_part, algo_part = first.split("<algo: ")
+    for group, part in (("env", env_part), ("algo", algo_part)):
+        names = sorted(p.stem for p in (ROOT / "config" / group).glob("*.yaml"))
+        assert names and all(f"{n}|" in part or f"{n}>" in part for n in names), (group, names, first)
+
+
 def test_train_sh_before_install_says_to_install(tmp_path):
     """A fresh clone with no .venv and a Python without the packages: the hint, not a ModuleNotFoundError."""
     clone = tmp_path / "clone"
