@@ -41,6 +41,14 @@ SETTINGS = {
     "long_horizon": ["env=sokoban", "+setting=long_horizon", "model.pinned_cache=assets/long_horizon",
                      "model.warmstart.seed=0"],
     "sokoban": ["env=sokoban"],  # the default job (its committed warm start: config/env_model/sokoban_tiny.yaml)
+    # long_turns at the turn lengths of real models (issue #45's check at 200+ tokens): LargerSokoban (8x8, 2 boxes),
+    # 3-5 moves an answer, and a think that writes the grid after each move but the last (think=simulate: about 75
+    # tokens a grid at 8x8, so 150-300 sampled tokens a turn); its own warm start (built on first use, not committed)
+    "long_turns_200": ["env=sokoban", "+setting=long_turns", "env.train_tags=[LargerSokoban]",
+                       "env.val_tags=[LargerSokoban]", "model.warmstart.think=simulate",
+                       "model.warmstart.actions_per_turn=[3,5]", "agent_proxy.max_actions_per_turn=5",
+                       "agent_proxy.max_turn=3", "actor_rollout_ref.rollout.response_length=384",
+                       "model.warmstart.seed=0"],
 }
 COMMON = ["es_manager.val.seeds=dev", "seed=1"]
 

@@ -775,7 +775,7 @@ def test_provenance_records_host_versions_and_starting_weights_and_resume_append
     entries = json.loads((tmp_path / "a" / "provenance.json").read_text())
     assert [e["step"] for e in entries] == [0, 1] and "start_weights_sha256" not in entries[1]
     kept = keep_runs([load_run(tmp_path / "a")], tmp_path / "kept")
-    assert json.loads((kept / "a" / "provenance.json").read_text()) == entries
+    assert json.loads((kept / "grpo_s0" / "provenance.json").read_text()) == entries  # kept as <algo>_s<seed>
 
 
 def _perturbed_turn_ppo(tmp_path, extra, name):
