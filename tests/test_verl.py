@@ -1343,13 +1343,13 @@ def test_value_model_loads_without_flash_attn_or_trl(model_dir, tmp_path):
     import verl.utils.model as verl_model
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from ragen_turn.engines.verl import models
+    from ragen_turn.engines.verl import value_model
 
-    assert verl_model.load_valuehead_model is models.load_value_model
+    assert verl_model.load_valuehead_model is value_model.load_value_model
     assert iu.find_spec("trl") is None  # nothing here needs it
-    assert models.attn_implementation("cpu") == "sdpa"
+    assert value_model.attn_implementation("cpu") == "sdpa"
     if iu.find_spec("flash_attn") is None:
-        assert models.attn_implementation("cuda") == "sdpa"
+        assert value_model.attn_implementation("cuda") == "sdpa"
     conf = AutoConfig.from_pretrained(model_dir)
     conf._attn_implementation = "flash_attention_2"  # verl's HFModelConfig default: falls back without flash-attn
     m = verl_model.load_valuehead_model(model_dir, torch.float32, conf, False)
