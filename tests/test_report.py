@@ -481,6 +481,25 @@ def test_default_groups_are_experiments_and_a_given_grouping_that_mixes_them_is_
     assert not any(ln.startswith("| `turn_ppo`") for ln in _section(mixed, "## Interval estimates"))
 
 
+def test_runs_before_and_after_issue_48s_renames_are_one_experiment(tmp_path):
+    """Runs from before issue #48 hold algo.trainer / algo.critic_level (now null: derived from the estimator) and
+    read committed weights from docs/results/... (now assets/...): one experiment, one group, no warning. A real
+    difference beside them is still one."""
+    rows = [val_row(0, 0.0, 0.0), train_row(1, 0.5, success=0.5, reward=0.0)]
+    for seed, (trainer, level, pinned, gamma) in enumerate([("turn", "turn", "docs/results/x/cache", 0.99),
+                                                            (None, None, "assets/x", 0.99),
+                                                            (None, None, "assets/x", 0.9)]):
+        d = write_run(tmp_path / "runs", f"run{seed}", "turn_ppo", seed, rows, total=1)
+        cfg = yaml.safe_load((d / "config.yaml").read_text())
+        cfg["algo"].update(trainer=trainer, critic_level=level)
+        cfg["model"]["pinned_cache"] = pinned
+        cfg["algorithm"]["gamma"] = gamma
+        (d / "config.yaml").write_text(yaml.safe_dump(cfg))
+    runs = [report.load_run(d) for d in sorted((tmp_path / "runs").iterdir())]
+    assert report.experiment_differences(runs[:2]) == {}
+    assert list(report.experiment_differences(runs)) == ["algorithm.gamma"]
+
+
 def test_plots_have_integer_step_ticks_and_the_interval_plot_marks_every_run(tmp_path, monkeypatch):
     pytest.importorskip("scipy")
     pytest.importorskip("matplotlib")

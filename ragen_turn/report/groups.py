@@ -55,7 +55,12 @@ def group_runs(runs: Sequence[Run], keys: Sequence[str]) -> List[Tuple[str, List
 DEFAULT_GROUP_BY = ("algo.name",)
 SEPARATE_BY = ("env.name", "model.name")  # never averaged together: added to the group keys when runs differ in them
 # never part of the experiment: the seed (the runs of a group), where / how a run is logged and recorded
-NOT_EXPERIMENT = ("seed", "ragen_keys", "ragen_aliases", "hydra")
+# config keys that never tell two experiments apart: the seed; RAGEN's keys as given (their values are mapped onto
+# ours); where committed weights are read from (model.pinned_cache, model.cache_dir: the weights themselves are in
+# provenance.json's start_weights_sha256); and algo.trainer / algo.critic_level, removed in issue #48 (what they said
+# follows from algo.adv_estimator's registry entry; runs before that hold a value, later ones null)
+NOT_EXPERIMENT = ("seed", "ragen_keys", "ragen_aliases", "hydra", "model.pinned_cache", "model.cache_dir",
+                  "algo.trainer", "algo.critic_level")
 BASE_YAML = Path(__file__).resolve().parents[2] / "config" / "base.yaml"
 
 
