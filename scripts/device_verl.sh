@@ -132,3 +132,7 @@ for p in $PHASES; do
 done
 say "done"
 cat "$OUT/summary.txt"
+# the device tool returns at most 8 files: the logs, the parity differences and each run's metrics in one archive
+(cd "$ROOT" && find . -maxdepth 2 \( -name metrics.jsonl -o -name config.yaml -o -name error.log \) -print0 |
+  tar czf "$OUT/runs.tgz" --null -T -)
+(cd "$OUT" && tar czf logs.tgz --remove-files -- *.log ./*.json 2>/dev/null)
