@@ -317,7 +317,7 @@ def main(out: str, algos: list, micro: int = 4) -> None:
         path = model_dir(root)
         for algo in algos:
             # FSDP2 on both platforms (the GPU default is FSDP1): the gradients are read from its DTensors
-            vcfg_in = micro_config(["engine=verl", "engine.verl.strategy=fsdp2",
+            vcfg_in = micro_config(["engine=verl", "engine.verl.strategy=fsdp2", "engine.verl.rollout=hf",
                                     *overrides(algo, path, str(root / f"verl_{algo}"), micro)])
             lcfg_in = micro_config(overrides(algo, path, str(root / f"local_{algo}"), micro))
             v = run_verl(vcfg_in)
