@@ -242,7 +242,9 @@ def _algorithm_pieces(cfg: DictConfig) -> List[str]:
                             ("actor_rollout_ref.actor.max_update_kl", a.max_update_kl),
                             ("actor_rollout_ref.actor.target_kl", a.get("target_kl")),
                             ("actor_rollout_ref.actor.step_scale", None if a.get("step_scale", "none") == "none"
-                             else a.step_scale)):
+                             else a.step_scale),
+                            ("actor_rollout_ref.rollout.decode", None if cfg.actor_rollout_ref.rollout.get(
+                                "decode", "dynamic") == "dynamic" else cfg.actor_rollout_ref.rollout.decode)):
             if value is not None:
                 out.append(f"{name}={value}: engine=local only (set it to null for engine={cfg.engine.name})")
     if cfg.es_manager.train.group_size < spec.min_group_size:

