@@ -240,9 +240,6 @@ def _algorithm_pieces(cfg: DictConfig) -> List[str]:
         a = cfg.actor_rollout_ref.actor
         for name, value in (("trainer.resume_from", cfg.trainer.resume_from),
                             ("actor_rollout_ref.actor.max_update_kl", a.max_update_kl),
-                            ("actor_rollout_ref.actor.target_kl", a.get("target_kl")),
-                            ("actor_rollout_ref.actor.step_scale", None if a.get("step_scale", "none") == "none"
-                             else a.step_scale),
                             ("actor_rollout_ref.rollout.decode", None if cfg.actor_rollout_ref.rollout.get(
                                 "decode", "dynamic") == "dynamic" else cfg.actor_rollout_ref.rollout.decode)):
             if value is not None:

@@ -1523,6 +1523,109 @@ def test_weights_reach_the_hf_rollout_after_an_update(parity):
     assert r["actor_changed"] and abs(r["server_after"] - r["actor_after"]) <= 1e-6 * max(1.0, abs(r["actor_after"]))
 
 
+# actor.target_kl and actor.step_scale on verl (engines/verl/trust_region.py): 8 episodes in 2 mini-batches
+TRUST_REGION = {"step_scale": ["actor_rollout_ref.actor.step_scale=live"],
+                "target_kl": ["actor_rollout_ref.actor.target_kl=1e-6"]}
+# verl's actor update (after - before) against the local engine's, relative to the largest step. Adam divides each
+# gradient by its running RMS, so where a gradient is near zero, the engines' 1e-6 gradient differences move the
+# step by up to 2e-3 of the largest one (measured: 9e-4 and 1.8e-3); one mini-batch's step not scaled by its live
+# share (0.96) on one engine differs by 4e-2 (measured, by dropping the optimizer from the mapping)
+STEP_REL = 1e-2
+
+
+@pytest.fixture(scope="module", params=sorted(TRUST_REGION))
+def trust_region_parity(request, tmp_path_factory):
+    import json
+
+    out = tmp_path_factory.mktemp("trust_region") / "parity.json"
+    sets = [x for o in ["es_manager.train.group_size=4", *TRUST_REGION[request.param]] for x in ("--set", o)]
+    run = subprocess.run([sys.executable, os.path.join(REPO, "tests", "verl_worker_parity.py"), str(out),
+                          "turn_ppo", *sets], cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-5000:]
+    return request.param, json.loads(out.read_text())["turn_ppo"]
+
+
+@needs_verl
+def test_trust_region_knobs_step_verls_actor_as_the_local_engine(trust_region_parity):
+    """actor.step_scale=live and actor.target_kl on verl's real workers (our AdamW in the actor worker, fed by the
+    loss's statistics): the same update of the actor's weights as the local engine, and the same logged update."""
+    knob, r = trust_region_parity
+    assert r["episodes"] == 8
+    assert r["actor_step"]["tensors"] >= 14 and r["actor_step"]["max_abs_grad"] > 1e-5
+    assert r["actor_step"]["rel"] <= STEP_REL, r["actor_step"]
+    for k, pair in r["stats"].items():
+        assert abs(pair[0] - pair[1]) <= TOL["loss_rel"] * max(1.0, abs(pair[1])), (k, pair)
+    if knob == "step_scale":  # both mini-batches stepped, the second at lr x its live share (< 1)
+        assert r["trust_region"] == {} and r["stats"]["actor/live_frac"][1] < 1.0
+    else:  # the second mini-batch's KL (about 1e-3) is past 1e-6: one step, then the update stops, on both engines
+        assert r["trust_region"] == {"actor/kl_stop": [1.0, 1.0], "actor/minibatches_stepped": [1.0, 1.0]}
+
+
+@needs_verl
+def test_trust_region_adamw_hand_cases():
+    """trust_region.AdamW on one parameter: a mini-batch past target_kl (or not finite) is not stepped, nor any later
+    one of that update, until a new update id; step_scale=live is a step at lr x the live share; zero_grad (each
+    mini-batch's start) clears the statistics; update_metrics keeps the stepped mini-batches' means."""
+    from ragen_turn.engines.verl import trust_region as tr
+    from ragen_turn.engines.verl.trainer import update_metrics
+
+    def one_minibatch(opt, p, kl, live=None):
+        opt.zero_grad()
+        p.grad = torch.ones_like(p)
+        for share in (0.5, 0.5):  # two micro-batches' shares
+            tr.add_micro_batch(kl * share, None if live is None else live * share)
+        before = p.detach().clone()
+        opt.step()
+        return not torch.equal(before, p.detach())
+
+    p = torch.nn.Parameter(torch.zeros(3))
+    opt = tr.AdamW([p], lr=0.1, target_kl=0.01)
+    tr.start_update(0)
+    assert one_minibatch(opt, p, 0.005)
+    assert not one_minibatch(opt, p, 0.02)  # past the target: no step
+    assert not one_minibatch(opt, p, 0.0)  # the update has stopped
+    tr.start_update(0)  # the same update's next micro-batch: still stopped
+    assert not one_minibatch(opt, p, 0.0)
+    tr.start_update(1)  # a new update
+    assert one_minibatch(opt, p, 0.0)
+    assert not one_minibatch(opt, p, float("nan"))
+    assert tr.stepped_minibatches([0.0, 0.02, 0.0], 0.01) == [True, False, False]
+    assert tr.stepped_minibatches([0.0, float("inf")], None) == [True, True]
+
+    # step_scale=live: Adam's first step is lr x sign(grad); scaled by the live share 0.25
+    p = torch.nn.Parameter(torch.zeros(3))
+    opt = tr.AdamW([p], lr=0.1, step_scale="live")
+    tr.start_update(2)
+    assert one_minibatch(opt, p, 0.3, live=0.25)
+    assert torch.allclose(p.detach(), torch.full((3,), -0.025), atol=1e-6) and opt.param_groups[0]["lr"] == 0.1
+    opt.zero_grad()  # a loss without a live share: lr x 1
+    p.grad = torch.ones_like(p)
+    before = p.detach().clone()
+    opt.step()
+    assert float((before - p.detach()).abs().max()) > 0.05
+    with pytest.raises(ValueError, match="step_scale"):
+        tr.AdamW([p], lr=0.1, step_scale="half")
+
+    raw = {"actor/approx_kl": [0.0, 0.02, 0.0], "actor/pg_loss": [1.0, 3.0, 5.0], "actor/live_frac": [1.0, 0.5, 0.5],
+           "actor/lr": [0.1]}
+    m = update_metrics(raw, 0.01, "live")
+    assert m["actor/pg_loss"] == 1.0 and m["actor/kl_stop"] == 1.0 and m["actor/minibatches_stepped"] == 1.0
+    assert m["actor/step_scale"] == 1.0 and m["actor/lr"] == pytest.approx(0.1)
+    assert update_metrics(raw, None)["actor/pg_loss"] == 3.0 and "actor/kl_stop" not in update_metrics(raw, None)
+
+
+@needs_verl
+def test_trust_region_knobs_map_to_our_optimizer():
+    from ragen_turn.engines.verl import build_verl_config
+
+    off = build_verl_config(micro_config(["engine=verl"])).actor_rollout_ref.actor.optim
+    assert off.get("optimizer_impl", "torch.optim") == "torch.optim"
+    on = build_verl_config(micro_config(["engine=verl", "actor_rollout_ref.actor.target_kl=0.05",
+                                         "actor_rollout_ref.actor.step_scale=live"])).actor_rollout_ref.actor.optim
+    assert on.optimizer_impl == "ragen_turn.engines.verl.trust_region" and on.optimizer == "AdamW"
+    assert dict(on.override_optimizer_config) == {"target_kl": 0.05, "step_scale": "live"}
+
+
 @needs_verl
 def test_top_p_filter_on_verl_pads_the_kept_rows_and_skips_an_empty_step(model_dir, tmp_path, monkeypatch):
     """RAGEN-2's top_p filter through the verl trainer (rollout_filter.filter_rows, as the local engine): RAGEN's

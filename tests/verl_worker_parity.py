@@ -1,8 +1,11 @@
 """verl's real workers vs the local engine on one batch and the same weights (run in a fresh process).
 
-    python tests/verl_worker_parity.py OUT.json turn_ppo token_ppo st_ppo [--micro N]
+    python tests/verl_worker_parity.py OUT.json turn_ppo token_ppo st_ppo [--micro N] [--set KEY=VALUE ...]
 
 ``--micro N`` sets ``micro_batch_size_per_gpu`` (default 4: one micro-batch per mini-batch of 4 episodes).
+``--set`` adds overrides to both engines' configs (e.g. the trust-region knobs, or 8 episodes in 2 mini-batches:
+then the local engine walks its mini-batches in row order, as verl does with ``actor.shuffle=false``, in place of
+its seeded permutation, which the verl trainer reproduces by reordering the rows, a step this harness skips).
 
 For each algorithm: a local Ray cluster on the CPU platform, verl's FSDP2 actor and critic workers
 (``TrainerBuilder.build_trainer``, the run's own code), one train batch played by verl's agent-loop
@@ -125,6 +128,15 @@ def _actor_checksum(self) -> float:
     return float(sum((p.full_tensor() if isinstance(p, DTensor) else p).double().sum() for p in module.parameters()))
 
 
+def _actor_params(self) -> dict:
+    """Inside the worker: the actor's full parameters (CPU copies)."""
+    from torch.distributed.tensor import DTensor
+
+    module = _engine(self, "actor").module
+    return {n: (p.full_tensor() if isinstance(p, DTensor) else p).detach().cpu().clone()
+            for n, p in module.named_parameters()}
+
+
 def _recorded_grads(worker, role: str) -> dict:
     import ray
 
@@ -163,6 +175,7 @@ def run_verl(cfg):
         out["actor_grads"] = _recorded_grads(actor_w, "actor")
         trainer.checkpoint_manager.update_weights(1)  # verl's weight sync to the rollout, as after every step
         actor_after = ray.get(actor_w.__ray_call__.remote(_actor_checksum))
+        out["actor_params"] = ray.get(actor_w.__ray_call__.remote(_actor_params))
         out["weight_sync"] = {"server_before": before, "server_after": ray.get(server.parameter_checksum.remote()),
                               "actor_after": actor_after, "actor_changed": abs(actor_after - before) > 1e-6}
         out["prompt_length"] = int(vcfg.actor_rollout_ref.rollout.prompt_length)
@@ -216,9 +229,13 @@ def run_local(cfg, verl_out, path: Path):
         return step(model, optim, grad_clip, *scale)
 
     t._optimizer_step = record
+    bm = int(cfg.ppo_mini_batch_size)
+    t._minibatches = lambda n, epoch: [torch.arange(i, min(i + bm, n)) for i in range(0, n, bm)]  # verl's order
     control = all_token_critic_grads(t, full) if cfg.critic.level == "turn" else None
     metrics = t.update(full)
-    return {"traj": full, "spans": spans, "metrics": metrics, "grads": grads, "all_token_critic_grads": control}
+    params = {n: p.detach().cpu().clone() for n, p in t.actor.named_parameters()}
+    return {"traj": full, "spans": spans, "metrics": metrics, "grads": grads, "all_token_critic_grads": control,
+            "actor_params": params}
 
 
 def all_token_critic_grads(t, full) -> dict:
@@ -261,6 +278,17 @@ def _critic_name(n: str) -> str:
     return n
 
 
+_MODEL_PATH: list = []  # the run's model folder (set by main)
+
+
+def _initial_params(like: dict) -> dict:
+    """The actor's parameters before the update (the model file), named as the local actor's."""
+    from safetensors.torch import load_file
+
+    state = load_file(_MODEL_PATH[0] / "model.safetensors")
+    return {n: state[n] for n in like}
+
+
 def compare(v: dict, loc: dict) -> dict:
     from ragen_turn.algos import scatter_turns
 
@@ -296,6 +324,13 @@ def compare(v: dict, loc: dict) -> dict:
         if loc["all_token_critic_grads"] is not None:  # a turn critic trained on every token would differ this much
             res["critic_grad_vs_all_tokens"] = _rel(v["critic_grads"], loc["all_token_critic_grads"], _critic_name)
         res["turns"] = int(v["traj"].turn_mask.sum())
+    # the actor's update (after - before), verl's against the local engine's: the steps themselves (lr, Adam,
+    # step_scale, which mini-batches target_kl stepped), not only the gradients
+    before = _initial_params(loc["actor_params"])
+    res["actor_step"] = _rel({n: p - before[n] for n, p in v["actor_params"].items()},
+                             {n: p - before[n] for n, p in loc["actor_params"].items()})
+    res["trust_region"] = {k: [float(am[k]), float(lm[k])] for k in ("actor/kl_stop", "actor/minibatches_stepped")
+                           if k in am or k in lm}
     res["weight_sync"] = v["weight_sync"]
     res["episodes"] = len(batch)
     res["response_tokens"] = int(batch.batch["response_mask"].sum())
@@ -308,18 +343,19 @@ def compare(v: dict, loc: dict) -> dict:
     return res
 
 
-def main(out: str, algos: list, micro: int = 4) -> None:
+def main(out: str, algos: list, micro: int = 4, extra: tuple = ()) -> None:
     from helpers import micro_config
 
     results = {}
     with tempfile.TemporaryDirectory(prefix="verl_parity_") as d:  # the model and both runs: removed afterwards
         root = Path(d)
         path = model_dir(root)
+        _MODEL_PATH[:] = [path]
         for algo in algos:
             # FSDP2 on both platforms (the GPU default is FSDP1): the gradients are read from its DTensors
             vcfg_in = micro_config(["engine=verl", "engine.verl.strategy=fsdp2", "engine.verl.rollout=hf",
-                                    *overrides(algo, path, str(root / f"verl_{algo}"), micro)])
-            lcfg_in = micro_config(overrides(algo, path, str(root / f"local_{algo}"), micro))
+                                    *overrides(algo, path, str(root / f"verl_{algo}"), micro), *extra])
+            lcfg_in = micro_config([*overrides(algo, path, str(root / f"local_{algo}"), micro), *extra])
             v = run_verl(vcfg_in)
             loc = run_local(lcfg_in, v, path)
             results[algo] = compare(v, loc)
@@ -334,5 +370,6 @@ if __name__ == "__main__":
     ap.add_argument("out")
     ap.add_argument("algos", nargs="+")
     ap.add_argument("--micro", type=int, default=4)
+    ap.add_argument("--set", action="append", default=[], help="an override for both engines (repeatable)")
     args = ap.parse_args()
-    main(args.out, args.algos, args.micro)
+    main(args.out, args.algos, args.micro, tuple(args.set))

@@ -223,6 +223,17 @@ def attn_implementation(device: str, host: Optional[Host] = None) -> str:
     return FLASH_ATTENTION if device != "cpu" and "flash_attn" in host.installed else SDPA
 
 
+def trust_region_optim(actor: Any) -> Dict[str, Any]:
+    """``actor.target_kl`` / ``actor.step_scale`` -> verl's optimizer keys: our AdamW (``trust_region.AdamW``) with
+    them as arguments; nothing (verl's ``torch.optim.AdamW``) when neither is set."""
+    target_kl, scale = actor.get("target_kl"), str(actor.get("step_scale") or "none")
+    if target_kl is None and scale == "none":
+        return {}
+    return {"optimizer_impl": "ragen_turn.engines.verl.trust_region", "optimizer": "AdamW",
+            "override_optimizer_config": {"target_kl": None if target_kl is None else float(target_kl),
+                                          "step_scale": scale}}
+
+
 def mixed_precision(dtype: str) -> Dict[str, str]:
     """FSDP's parameter / reduce / buffer dtypes for our ``dtype`` key (verl's default is bf16 parameters)."""
     names = {"float32": "fp32", "bfloat16": "bf16"}
@@ -317,7 +328,8 @@ def to_verl_config(cfg: DictConfig, model_path: Optional[str] = None,
                 "optim": {"lr": float(a.optim.lr), "weight_decay": float(a.optim.weight_decay),
                           "betas": list(a.optim.betas), "clip_grad": float(a.grad_clip),
                           "lr_warmup_steps": int(a.optim.get("lr_warmup_steps", -1)),
-                          "lr_warmup_steps_ratio": float(a.optim.get("lr_warmup_steps_ratio", 0.0))},
+                          "lr_warmup_steps_ratio": float(a.optim.get("lr_warmup_steps_ratio", 0.0)),
+                          **trust_region_optim(a)},
                 "policy_loss": {
                     "_target_": "ragen_turn.engines.verl.register.RagenPolicyLossConfig",
                     "loss_mode": str(a.policy_loss.loss_mode),

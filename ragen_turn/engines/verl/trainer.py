@@ -28,7 +28,7 @@ import os
 import shutil
 from functools import partial
 from pathlib import Path
-from typing import Any, Dict, Sequence
+from typing import Any, Dict, Optional, Sequence
 
 import numpy as np
 import ray
@@ -61,6 +61,7 @@ from ragen_turn.rollout.env_manager import EnvGroupManager
 from . import register  # noqa: F401  (our losses / estimators in the driver's registries too)
 from .agent_loop import episode_from_summary
 from .config import AGENT_LOOP_NAME
+from .trust_region import UPDATE_FIELD, stepped_minibatches
 from .turn_counts import TURNS_FIELD, minibatch_turn_counts, ppo_loss_with_turn_counts
 
 TRAIN_KEYS = ("input_ids", "attention_mask", "position_ids", "prompts", "responses", "response_mask")
@@ -68,6 +69,26 @@ TRAIN_KEYS = ("input_ids", "attention_mask", "position_ids", "prompts", "respons
 
 # ------------------------------------------------------------------------------------------------
 # pure helpers (CPU-testable): env plan, rollout batch <-> our tensors, filtering, critic batch
+def update_metrics(raw: Dict[str, Any], target_kl: Optional[float], step_scale: str = "none") -> Dict[str, float]:
+    """An actor update's metrics from verl's per-mini-batch lists, as the local engine logs them: with
+    ``target_kl``, the mean over the mini-batches that stepped (``trust_region.AdamW`` skipped the rest), plus
+    ``actor/kl_stop`` and ``actor/minibatches_stepped``; with ``step_scale=live``, ``actor/step_scale`` (the mean
+    over those mini-batches of the factor their lr was scaled by: their live share, 1 where a loss has none)."""
+    out = reduce_metrics(dict(raw))  # (verl's reduce_metrics writes its means into the dict it is given)
+    if target_kl is not None and "actor/approx_kl" in raw:
+        kls = list(raw["actor/approx_kl"])
+        stepped = stepped_minibatches(kls, float(target_kl))
+        kept = {k: [x for x, s in zip(v, stepped) if s] if isinstance(v, list) and len(v) == len(kls) else v
+                for k, v in raw.items()}
+        out = reduce_metrics({k: v for k, v in kept.items() if not (isinstance(v, list) and not v)})
+        out["actor/kl_stop"] = float(not all(stepped))
+        out["actor/minibatches_stepped"] = float(sum(stepped))
+    if step_scale == "live" and (target_kl is None or out.get("actor/minibatches_stepped", 1.0) > 0):
+        out["actor/step_scale"] = float(out.get("actor/live_frac", 1.0))
+    return out
+
+
+
 # ------------------------------------------------------------------------------------------------
 def SeedPlan(custom_envs, split_cfg, split: str = "train") -> EnvGroupManager:
     """The local engine's env groups and seeds without building envs (those live in the agent-loop workers)."""
@@ -199,6 +220,8 @@ class StarPOTrainer(RayPPOTrainer):
     """RAGEN's StarPO loop on verl, for every algorithm: the estimator and the policy loss by name, the critic
     (none, token or turn) from the estimator's registry entry (``critic.level``)."""
 
+    _update_count = 0  # actor updates so far in this process: each one's id for trust_region (a batch field)
+
     def __init__(self, config: DictConfig, tokenizer, role_worker_mapping, resource_pool_manager,
                  ray_worker_group_cls, processor=None):
         self.rcfg = OmegaConf.create(OmegaConf.to_container(config.ragen, resolve=True))
@@ -298,7 +321,11 @@ class StarPOTrainer(RayPPOTrainer):
             keys.append("ref_log_prob")
         actor_batch = DataProto.from_dict(tensors={k: batch.batch[k] for k in keys}, meta_info=dict(batch.meta_info))
         actor_batch.batch[TURNS_FIELD] = minibatch_turn_counts(traj.turn_mask.sum(dim=1), mini, dp)
-        return reduce_metrics(self._update_actor(actor_batch).meta_info["metrics"])
+        actor_batch.batch[UPDATE_FIELD] = torch.full((len(actor_batch),), float(self._update_count))
+        self._update_count += 1
+        raw = self._update_actor(actor_batch).meta_info["metrics"]
+        a = self.rcfg.actor_rollout_ref.actor
+        return update_metrics(raw, a.get("target_kl"), str(a.get("step_scale") or "none"))
 
     def order_rows(self, batch: DataProto, metrics: Dict[str, float], step: int) -> None:
         """The row order the updates walk: verl's ``_balance_batch`` (``trainer.balance_batch``), then each

@@ -12,6 +12,8 @@ import torch
 from verl.utils.metric import Metric
 from verl.workers.utils.losses import ppo_loss
 
+from . import trust_region
+
 # the statistics our policy losses return (ragen_turn.algos.losses.loss_from_units), each a micro-batch's share
 LOSS_STATISTICS = ("actor/clip_frac_token", "actor/clip_frac_turn", "actor/dual_clip_frac", "actor/token_band_frac",
                    "actor/live_frac", "actor/approx_kl", "actor/ratio_mean", "actor/token_outside_frac",
@@ -25,13 +27,15 @@ def ppo_loss_with_turn_counts(config, model_output, data, dp_group=None):
     aggregated as verl aggregates ``actor/pg_loss``: each is a micro-batch's share of the mini-batch's value
     (``ragen_turn.algos.losses``), so they are summed over a mini-batch's micro-batches (verl would average
     them), then averaged over mini-batches: the same numbers as the local engine for any micro-batch size."""
-    counts = data.get(TURNS_FIELD, None) if hasattr(data, "get") else None
+    counts = _first(data, TURNS_FIELD)
     if counts is not None:
-        values = counts.values() if getattr(counts, "is_nested", False) else counts
-        config.global_batch_info["batch_num_turns"] = float(values.reshape(-1)[0])
+        config.global_batch_info["batch_num_turns"] = counts
     else:
         config.global_batch_info.pop("batch_num_turns", None)
+    trust_region.start_update(_first(data, trust_region.UPDATE_FIELD))
     loss, metrics = ppo_loss(config, model_output, data, dp_group)
+    # this micro-batch's shares of the statistics actor.target_kl / step_scale act on (trust_region.AdamW)
+    trust_region.add_micro_batch(_scalar(metrics.get("actor/approx_kl")), _scalar(metrics.get("actor/live_frac")))
     pg = metrics.get("actor/pg_loss")
     if isinstance(pg, Metric):
         for key, val in list(metrics.items()):
@@ -40,6 +44,24 @@ def ppo_loss_with_turn_counts(config, model_output, data, dp_group=None):
                 summed.extend(list(val.values))
                 metrics[key] = summed
     return loss, metrics
+
+
+def _first(data, field: str):
+    """The first row's value of a per-row field of the micro-batch (the same on every row), or None."""
+    col = data.get(field, None) if hasattr(data, "get") else None
+    if col is None:
+        return None
+    values = col.values() if getattr(col, "is_nested", False) else col
+    return float(values.reshape(-1)[0])
+
+
+def _scalar(metric):
+    """A loss statistic of one micro-batch (a verl ``Metric`` of one value, or a number) as a float, or None."""
+    if metric is None:
+        return None
+    if isinstance(metric, Metric):
+        return float(sum(metric.values))
+    return float(metric)
 
 
 def minibatch_turn_counts(turns_per_row: torch.Tensor, mini_batch_size: int, dp_size: int) -> torch.Tensor:
