@@ -74,19 +74,20 @@ def update_metrics(raw: Dict[str, Any], target_kl: Optional[float], step_scale: 
     ``target_kl``, the mean over the mini-batches that stepped (``trust_region.AdamW`` skipped the rest), plus
     ``actor/kl_stop`` and ``actor/minibatches_stepped``; with ``step_scale=live``, ``actor/step_scale`` (the mean
     over those mini-batches of the factor their lr was scaled by: their live share, 1 where a loss has none)."""
-    out = reduce_metrics(dict(raw))  # (verl's reduce_metrics writes its means into the dict it is given)
+    stepped = None
     if target_kl is not None and "actor/approx_kl" in raw:
         kls = list(raw["actor/approx_kl"])
         stepped = stepped_minibatches(kls, float(target_kl))
-        kept = {k: [x for x, s in zip(v, stepped) if s] if isinstance(v, list) and len(v) == len(kls) else v
-                for k, v in raw.items()}
-        out = reduce_metrics({k: v for k, v in kept.items() if not (isinstance(v, list) and not v)})
+        raw = {k: [x for x, s in zip(v, stepped) if s] if isinstance(v, list) and len(v) == len(kls) else v
+               for k, v in raw.items()}
+    # a new dict: verl's reduce_metrics writes its means into the one it is given
+    out = reduce_metrics({k: v for k, v in raw.items() if not (isinstance(v, list) and not v)})
+    if stepped is not None:
         out["actor/kl_stop"] = float(not all(stepped))
         out["actor/minibatches_stepped"] = float(sum(stepped))
     if step_scale == "live" and (target_kl is None or out.get("actor/minibatches_stepped", 1.0) > 0):
         out["actor/step_scale"] = float(out.get("actor/live_frac", 1.0))
     return out
-
 
 
 # ------------------------------------------------------------------------------------------------

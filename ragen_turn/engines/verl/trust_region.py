@@ -14,7 +14,8 @@ module's :class:`AdamW` when either knob is set; the local engine implements the
 
 The loss wrapper (``turn_counts.ppo_loss_with_turn_counts``), in the same worker process, hands each
 micro-batch's share of those two statistics to :func:`add_micro_batch` (summed, they are the mini-batch's values,
-as the logged ones) and the update's id (the trainer's step, a batch field) to :func:`start_update`, which
+as the logged ones) and the update's id (the trainer's count of actor updates, a batch field) to
+:func:`start_update`, which
 clears the stop at a new update. With several data-parallel ranks the shares are averaged over the ranks (each
 is already divided by the rank count, see ``register.global_counts``) so every rank takes the same decision.
 The trainer reads which mini-batches stepped from the per-mini-batch approx KL verl returns, by the same rule
@@ -27,7 +28,7 @@ from typing import List, Optional, Sequence
 
 import torch
 
-UPDATE_FIELD = "ragen_update_id"  # the batch field carrying the update's id (the trainer's step) to the loss
+UPDATE_FIELD = "ragen_update_id"  # the batch field carrying the update's id (a count of actor updates) to the loss
 
 _state = {"update": None, "stopped": False, "kl": 0.0, "live": None}
 
