@@ -56,7 +56,7 @@ A = "actor_rollout_ref.actor"
 PL = f"{A}.policy_loss"
 GSPO = f"{A}.clip_ratio_low=0.0003 {A}.clip_ratio_high=0.0004"
 # the papers' clip range, no trust-region option (the shipped defaults, config/algo/*.yaml, differ: docs/SPEC.md)
-PAPER = f"{A}.clip_ratio_low=0.2 {A}.clip_ratio_high=0.28 {PL}.token_band=false"
+PAPER = f"{A}.clip_ratio_low=0.2 {A}.clip_ratio_high=0.28 {PL}.token_band=false {A}.step_scale=none"
 TURN_MEAN = f"{PL}.loss_agg_mode=turn-mean"  # turn_ppo's aggregation before the trust-region study
 # label: overrides. "X@paper" is algo X at the papers' clip range with no option (turn_ppo: with turn-mean, as the
 # 5-seed comparisons ran it); "+option" adds one option to it; a bare "X" is X's shipped default.
