@@ -49,6 +49,13 @@ SETTINGS = {
                        "model.warmstart.actions_per_turn=[3,5]", "agent_proxy.max_actions_per_turn=5",
                        "agent_proxy.max_turn=3", "actor_rollout_ref.rollout.response_length=384",
                        "model.warmstart.seed=0"],
+    # the same with the grid restated first in every think (think=state_simulate: one grid more a turn, so 200+
+    # sampled tokens a turn on average, up to about 450); its own warm start
+    "long_turns_300": ["env=sokoban", "+setting=long_turns", "env.train_tags=[LargerSokoban]",
+                       "env.val_tags=[LargerSokoban]", "model.warmstart.think=state_simulate",
+                       "model.warmstart.actions_per_turn=[3,5]", "agent_proxy.max_actions_per_turn=5",
+                       "agent_proxy.max_turn=3", "actor_rollout_ref.rollout.response_length=512",
+                       "model.warmstart.seed=0"],
 }
 COMMON = ["es_manager.val.seeds=dev", "seed=1"]
 

@@ -343,7 +343,7 @@ class WarmstartConfig:
     warmup_steps: int = key(0, **NON_NEGATIVE)
     actions_per_turn: List[int] = key(nonempty=True, each=Rule(ge=1))
     # the <think> of demonstrations (agent_proxy.enable_think)
-    think: str = key("plan", choices=("plan", "state_plan", "simulate"))
+    think: str = key("plan", choices=("plan", "state_plan", "simulate", "state_simulate"))
     fit_turn_budget: bool = key(False)  # each answer gives at least ceil(solution left / turns left) actions
     actions_as_shown: bool = key(False)  # demonstrations write each action as the page shows it (env.as_shown)
     autocast: Optional[str] = key(None, choices=("bfloat16",))  # mixed-precision SFT forward (weights stay as loaded)

@@ -89,14 +89,19 @@ THINK_FORMATS = {
     # each action but the last, then the grid after it: what the answer's next action is planned on, written out
     # (a one-action answer thinks nothing). Needs env.copy(); about 45 tokens per extra action at 6x6
     "simulate": lambda env, actions, plan: "\n".join(f"{a}:\n{b}" for a, b in zip(actions, _grids_after(env, actions))),
+    # the grid restated, then simulate's steps: one grid more in every turn (about 75 tokens more at 8x8), for turns of
+    # 200+ tokens (benchmarks/one_update.py --setting long_turns_300)
+    "state_simulate": lambda env, actions, plan: "\n".join(
+        [f"{a}:\n{b}" for a, b in zip(["State"] + actions, _grids_after(env, actions, before=True))]),
 }
 
 
-def _grids_after(env: Any, actions: List[str]) -> List[str]:
-    """The rendered grid after each of ``actions`` but the last, stepped on a copy of ``env``."""
+def _grids_after(env: Any, actions: List[str], before: bool = False) -> List[str]:
+    """The rendered grid after each of ``actions`` but the last, stepped on a copy of ``env`` (``before``: the grid
+    before the first action first)."""
     if not callable(getattr(env, "copy", None)):
         raise ValueError(f"model.warmstart.think=simulate needs env.copy(), and {type(env).__name__} has none")
-    sim, grids = env.copy(), []
+    sim, grids = env.copy(), ([env.render().strip()] if before else [])
     for a in actions[:-1]:
         sim.step(a)
         grids.append(sim.render().strip())

@@ -180,15 +180,17 @@ def test_state_plan_think_restates_the_grid_and_plans_ahead():
         warmstart_enabled(micro_config(["model.warmstart.think=free"]))
 
 
-def test_simulate_think_writes_the_grid_after_each_action_but_the_last():
+@pytest.mark.parametrize("think", ["simulate", "state_simulate"])
+def test_simulate_think_writes_the_grid_after_each_action_but_the_last(think):
     """model.warmstart.think=simulate: a two-action answer thinks ``<first action>:\n<the grid after it>``, a
-    one-action answer thinks nothing; checked by replaying each demonstration in a fresh env of the same seed."""
+    one-action answer thinks nothing; state_simulate puts ``State:\n<the grid before the turn>`` first in both;
+    checked by replaying each demonstration in a fresh env of the same seed."""
     import re
 
     from envs.sokoban.env import SokobanEnv
 
-    cfg = micro_config(["agent_proxy.enable_think=true", "model.warmstart.think=simulate", "agent_proxy.max_turn=5",
-                        "actor_rollout_ref.rollout.response_length=64", "model.warmstart.actions_per_turn=[1,2]",
+    cfg = micro_config(["agent_proxy.enable_think=true", f"model.warmstart.think={think}", "agent_proxy.max_turn=5",
+                        "actor_rollout_ref.rollout.response_length=160", "model.warmstart.actions_per_turn=[1,2]",
                         "custom_envs.SimpleSokoban.max_actions_per_traj=10"])
     tok = tiny_tokenizer()
     demos = collect_demonstrations(cfg, tok, 8, seed=3)
@@ -198,22 +200,23 @@ def test_simulate_think_writes_the_grid_after_each_action_but_the_last():
     for i, ep in enumerate(demos.episodes):
         env = SokobanEnv(env_cfg)
         env.reset(seed=ep.env_seed)
-        for think, moves in answer.findall(tok.decode(demos.input_ids[i][demos.attention_mask[i].bool()])):
+        for thought, moves in answer.findall(tok.decode(demos.input_ids[i][demos.attention_mask[i].bool()])):
             moves = moves.split(" || ")
             seen[len(moves)] += 1
+            state = [f"State:\n{env.render().strip()}"] if think == "state_simulate" else []
             if len(moves) == 1:
-                assert think == ""
+                assert thought == "\n".join(state)
             else:
                 first = env.copy()
                 first.step(moves[0])
-                assert think == f"{moves[0]}:\n{first.render().strip()}"
+                assert thought == "\n".join(state + [f"{moves[0]}:\n{first.render().strip()}"])
             for m in moves:
                 env.step(m)
         assert env.success == ep.success
     assert seen[1] and seen[2]  # both kinds of answer were checked
     with pytest.raises(ValueError, match="env.copy"):
         from ragen_turn.warmstart import THINK_FORMATS
-        THINK_FORMATS["simulate"](object(), ["Up", "Left"], ["Up", "Left"])
+        THINK_FORMATS[think](object(), ["Up", "Left"], ["Up", "Left"])
 
 
 def test_actions_as_shown_writes_webshop_ids_as_the_page_shows_them():
