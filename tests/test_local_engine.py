@@ -886,7 +886,8 @@ def test_step_scale_live_is_an_lr_times_the_live_share(tmp_path):
     m = tr.update(batch)
     live = tr.update_trace["actor"][0]["actor/live_frac"]
     assert 0.0 < live < 1.0 and m["actor/step_scale"] == live
-    ref, batch_r = _perturbed_turn_ppo(tmp_path, ["ppo_mini_batch_size=8"], "plain")
+    ref, batch_r = _perturbed_turn_ppo(tmp_path, ["ppo_mini_batch_size=8", "actor_rollout_ref.actor.step_scale=none"],
+                                       "plain")
     for g in ref.actor_optim.param_groups:
         g["initial_lr"] = g["initial_lr"] * live
     ref.update(batch_r)

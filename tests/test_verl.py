@@ -1618,12 +1618,16 @@ def test_trust_region_adamw_hand_cases():
 def test_trust_region_knobs_map_to_our_optimizer():
     from ragen_turn.engines.verl import build_verl_config
 
-    off = build_verl_config(micro_config(["engine=verl"])).actor_rollout_ref.actor.optim
+    off = build_verl_config(micro_config(["engine=verl", "algo=token_ppo"])).actor_rollout_ref.actor.optim
     assert off.get("optimizer_impl", "torch.optim") == "torch.optim"
-    on = build_verl_config(micro_config(["engine=verl", "actor_rollout_ref.actor.target_kl=0.05",
+    on = build_verl_config(micro_config(["engine=verl", "algo=token_ppo", "actor_rollout_ref.actor.target_kl=0.05",
                                          "actor_rollout_ref.actor.step_scale=live"])).actor_rollout_ref.actor.optim
     assert on.optimizer_impl == "ragen_turn.engines.verl.trust_region" and on.optimizer == "AdamW"
     assert dict(on.override_optimizer_config) == {"target_kl": 0.05, "step_scale": "live"}
+    # turn_ppo's default (config/algo/turn_ppo.yaml) scales its step on verl too
+    tp = build_verl_config(micro_config(["engine=verl", "algo=turn_ppo"])).actor_rollout_ref.actor.optim
+    assert tp.optimizer_impl == "ragen_turn.engines.verl.trust_region"
+    assert dict(tp.override_optimizer_config) == {"target_kl": None, "step_scale": "live"}
 
 
 @needs_verl
