@@ -100,7 +100,8 @@ def _grids_after(env: Any, actions: List[str], before: bool = False) -> List[str
     """The rendered grid after each of ``actions`` but the last, stepped on a copy of ``env`` (``before``: the grid
     before the first action first)."""
     if not callable(getattr(env, "copy", None)):
-        raise ValueError(f"model.warmstart.think=simulate needs env.copy(), and {type(env).__name__} has none")
+        raise ValueError(f"model.warmstart.think=simulate / state_simulate needs env.copy(), and "
+                         f"{type(env).__name__} has none")
     sim, grids = env.copy(), ([env.render().strip()] if before else [])
     for a in actions[:-1]:
         sim.step(a)
