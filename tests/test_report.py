@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import sys
 
 import pytest
@@ -464,6 +465,43 @@ def test_runs_of_different_step_counts_are_warned_about_and_get_no_intervals(tmp
     sec = _section(text, "## Interval estimates")
     assert not any(ln.startswith("| `turn_ppo`") for ln in sec)
     assert "Not estimated (mixed experiments, see the warnings above): `turn_ppo`." in sec
+
+
+def test_up_to_step_compares_runs_of_different_lengths_at_one_step(tmp_path):
+    """--up-to-step: a 4-step and a 2-step run of one config are one experiment read up to step 2 (no warning,
+    intervals), the longer run's final success is its step-2 value and it counts as complete; a run that has not
+    reached the step stays partial; the kept copies keep every step."""
+    pytest.importorskip("scipy")
+    root = tmp_path / "runs"
+    write_run(root, "long_s0", "turn_ppo", 0, [val_row(0, 0.0, 0.0), train_row(1, 0.5),
+                                               train_row(2, 0.5, success=0.25, reward=1.0, clip=0.5), train_row(3, 0.5),
+                                               train_row(4, 0.5, success=1.0, reward=2.0, clip=0.9)], total=4)
+    write_run(root, "short_s1", "turn_ppo", 1, [val_row(0, 0.0, 0.0), train_row(1, 0.5),
+                                                train_row(2, 0.5, success=0.75, reward=0.0, clip=0.1)], total=2)
+    write_run(root, "cut_s2", "turn_ppo", 2, [val_row(0, 0.0, 0.0), train_row(1, 0.5, clip=0.2)], total=4)
+    (root / "long_s0" / "eval_greedy.json").write_text(json.dumps({"val/success": 1.0}))
+    whole = report.build_report([str(root)], tmp_path / "a", plots=False, reps=200)
+    assert "mixes different experiments (trainer.total_training_steps: 2, 4)" in whole
+    out = tmp_path / "b"
+    text = report.build_report([str(root)], out, plots=False, reps=200, keep=True, up_to_step=2)
+    assert f"3 runs in 1 group from `{root}`, each read up to step 2; 1 running or crashed" in text
+    assert "Warning" not in text
+    assert "greedy success" not in text and "greedy success" in whole  # the eval of step 4's checkpoint is not step 2's
+    assert "seed 2: last step 1 of 2" in text
+    (row,) = [ln for ln in text.splitlines() if ln.startswith("| turn_ppo |")]
+    header = next(ln for ln in text.splitlines() if ln.startswith("| algo.name |")).split(" | ")
+    cells = dict(zip(header, row.split(" | ")))
+    # final held-out success: 0.25 (s0 at step 2, not its 1.0 at step 4), 0.75 (s1), 0.0 (s2's last, at step 0);
+    # turns clipped over training steps: s0 (0 + 0.5) / 2 (not with steps 3-4), s1 (0 + 0.1) / 2, s2 0.2
+    assert cells["final val success"] == "0.333 ± 0.382"
+    assert cells["clip turn"] == f"{(0.25 + 0.05 + 0.2) / 3:.4f} ± {statistics.stdev([0.25, 0.05, 0.2]):.4f}"
+    runs = {r.path.name: r for r in map(report.load_run, report.find_runs([str(root)]))}
+    cut = report.cut_at(runs["long_s0"], 2)
+    assert cut.complete and cut.total_steps == 2 and [r["step"] for r in cut.rows] == [0, 1, 2]
+    assert runs["long_s0"].complete and runs["long_s0"].total_steps == 4  # the run itself is untouched
+    assert any(ln.startswith("| `turn_ppo` | 3 |") for ln in _section(text, "## Interval estimates"))
+    kept = [json.loads(x)["step"] for x in (out / "runs" / "turn_ppo_s0" / "metrics.jsonl").read_text().splitlines()]
+    assert kept == [0, 1, 2, 3, 4]
 
 
 def test_default_groups_are_experiments_and_a_given_grouping_that_mixes_them_is_warned(tmp_path):

@@ -43,7 +43,9 @@ def test_committed_results_page_is_rebuilt_from_its_kept_runs(page, tmp_path, mo
     header = next(ln for ln in text.splitlines() if ln.startswith("| ") and "init val success" in ln)
     group_by = [k.strip() for k in header.split("|")[1].split(",")]
     threshold = float(re.search(r"steps to ([0-9.]+)", header).group(1))
-    rebuilt = report.build_report(_sources(text), tmp_path, group_by=group_by, threshold=threshold, plots=False)
+    up_to = re.search(r"^\d+ runs? in .*, each read up to step (\d+)[;.]", text, re.M)  # report --up-to-step
+    rebuilt = report.build_report(_sources(text), tmp_path, group_by=group_by, threshold=threshold, plots=False,
+                                  up_to_step=int(up_to.group(1)) if up_to else None)
     assert _comparable(rebuilt) == _comparable(text)
 
 

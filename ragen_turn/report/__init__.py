@@ -46,15 +46,15 @@ from ragen_turn.report.cli import main
 from ragen_turn.report.groups import (BASE_YAML, DEFAULT_GROUP_BY, experiment_differences, group_keys,
                                       group_runs, mixed_groups, run_control_keys)
 from ragen_turn.report.runs import (KEPT_KEYS, KEPT_PREFIXES, USED_KEYS, VAL_REWARD, VAL_SUCCESS, Run,
-                                    dedupe_runs, find_runs, keep_runs, load_config, load_run)
+                                    cut_at, dedupe_runs, find_runs, keep_runs, load_config, load_run)
 from ragen_turn.report.stats import (best_eval, final_eval, init_eval, interval_estimates, max_drop, mean_std,
                                      smooth, steps_to_threshold, train_mean, wall_minutes)
 from ragen_turn.report.tables import markdown_table, runs_table
 
 __all__ = [
     "BASE_YAML", "DEFAULT_GROUP_BY", "KEPT_KEYS", "KEPT_PREFIXES", "USED_KEYS", "VAL_REWARD", "VAL_SUCCESS",
-    "Run", "best_eval", "build_report", "dedupe_runs", "default_out", "experiment_differences", "final_eval",
-    "find_runs", "group_keys", "group_runs", "init_eval", "interval_estimates", "interval_section",
+    "Run", "best_eval", "build_report", "cut_at", "dedupe_runs", "default_out", "experiment_differences",
+    "final_eval", "find_runs", "group_keys", "group_runs", "init_eval", "interval_estimates", "interval_section",
     "keep_runs", "load_config", "load_run", "main", "markdown_table", "max_drop", "mean_std", "mixed_groups",
     "run_control_keys", "runs_table", "smooth", "steps_to_threshold", "train_mean", "wall_minutes",
 ]

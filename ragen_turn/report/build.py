@@ -9,7 +9,7 @@ from typing import List, Sequence, Tuple
 
 from ragen_turn.report.groups import DEFAULT_GROUP_BY, group_keys, group_runs, mixed_groups, run_control_keys
 from ragen_turn.report.plots import write_interval_plot, write_plots
-from ragen_turn.report.runs import Run, dedupe_runs, find_runs, keep_runs, load_run
+from ragen_turn.report.runs import Run, cut_at, dedupe_runs, find_runs, keep_runs, load_run
 from ragen_turn.report.stats import IMPROVEMENT_METRIC, interval_estimates, run_scores
 from ragen_turn.report.tables import (duplicate_seed_warnings, header_notes, improvement_table, interval_table,
                                       markdown_table, runs_table)
@@ -61,23 +61,27 @@ def default_out(paths: Sequence[str]) -> Path:
 
 def build_report(paths: Sequence[str], out: str | Path | None = None, group_by: Sequence[str] | None = None,
                  threshold: float = 0.5, smooth_window: int = 1, plots: bool = True, intervals: bool = True,
-                 strata: Sequence[str] = (), reps: int = 10_000, keep: bool = False) -> str:
+                 strata: Sequence[str] = (), reps: int = 10_000, keep: bool = False,
+                 up_to_step: int | None = None) -> str:
     """Read the runs under ``paths`` (a run found twice by name counts once: :func:`dedupe_runs`), write
     ``results.md`` (and the PNGs) to ``out`` (default :func:`default_out`) and, with ``keep``, the runs' kept
     copies to ``out/runs`` (:func:`keep_runs`); return the Markdown. ``group_by`` None: ``algo.name`` and the
     keys the runs' experiments differ in (:func:`group_keys`); a group given by ``group_by`` that mixes
-    experiments is warned about and gets no interval estimates (:func:`mixed_groups`)."""
+    experiments is warned about and gets no interval estimates (:func:`mixed_groups`). ``up_to_step``: every run
+    read up to that step (:func:`cut_at`; the kept copies keep every step)."""
     run_dirs = find_runs(paths)
     if not run_dirs:
         raise FileNotFoundError(f"no runs (directories with metrics.jsonl) under {', '.join(map(str, paths))}")
     runs = dedupe_runs([load_run(d) for d in run_dirs], log=lambda line: print(line, file=sys.stderr))
-    keys = group_keys(runs, DEFAULT_GROUP_BY if group_by is None else group_by, experiments=group_by is None)
-    groups = group_runs(runs, keys)
-    mixed = mixed_groups(groups, run_control_keys())
     out = Path(out) if out is not None else default_out(paths)
     out.mkdir(parents=True, exist_ok=True)
     if keep:
         keep_runs(runs, out / "runs")
+    if up_to_step is not None:
+        runs = [cut_at(r, up_to_step) for r in runs]
+    keys = group_keys(runs, DEFAULT_GROUP_BY if group_by is None else group_by, experiments=group_by is None)
+    groups = group_runs(runs, keys)
+    mixed = mixed_groups(groups, run_control_keys())
 
     plot_note = "Plots: skipped (--no-plots)."
     if plots:
@@ -91,6 +95,7 @@ def build_report(paths: Sequence[str], out: str | Path | None = None, group_by: 
     lines = ["# Results", "",
              f"{len(runs)} run{'s' * (len(runs) != 1)} in {len(groups)} group{'s' * (len(groups) != 1)} from "
              + ", ".join(f"`{p}`" for p in paths)
+             + (f", each read up to step {up_to_step}" if up_to_step is not None else "")
              + (f"; {n_partial} running or crashed (marked below, their data used as it is)." if n_partial else "."),
              ""]
     lines += header_notes(keys, threshold, smooth_window)

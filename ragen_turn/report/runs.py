@@ -8,7 +8,7 @@ import json
 import math
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
@@ -32,6 +32,7 @@ class Run:
     bad_lines: int = 0                  # lines not JSON objects, or without a step (runfiles.read_step_rows)
     nan_counts: Dict[str, int] = field(default_factory=dict)  # null / non-finite values per used key
     evals: Dict[str, Dict[str, Any]] = field(default_factory=dict)  # eval_<name>.json in the run dir (eval.sh)
+    up_to: Optional[int] = None         # read up to this step only (cut_at): its steps count as the run's total
 
     @property
     def last_step(self) -> Optional[int]:
@@ -40,7 +41,8 @@ class Run:
     @property
     def total_steps(self) -> Optional[int]:
         v = cfg_get(self.config, "trainer.total_training_steps")
-        return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+        total = int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+        return total if self.up_to is None or total is None else min(total, self.up_to)
 
     @property
     def complete(self) -> bool:
@@ -97,7 +99,6 @@ def load_run(run_dir: Path) -> Run:
     run_dir = Path(run_dir)
     config = load_config(run_dir / CONFIG_FILE)
     rows, bad = read_step_rows(run_dir / METRICS_FILE)
-    nan_counts = {k: sum(1 for r in rows if k in r and not _finite(r[k])) for k in USED_KEYS}
     evals = {}
     for f in sorted(run_dir.glob(f"{EVAL_PREFIX}*.json")):
         try:
@@ -106,7 +107,21 @@ def load_run(run_dir: Path) -> Run:
             continue
         if isinstance(data, dict):
             evals[f.stem[len(EVAL_PREFIX):]] = data
-    return Run(path=run_dir, config=config, rows=rows, bad_lines=bad, nan_counts=nan_counts, evals=evals)
+    return Run(path=run_dir, config=config, rows=rows, bad_lines=bad, nan_counts=_nan_counts(rows), evals=evals)
+
+
+def _nan_counts(rows: Sequence[Dict[str, Any]]) -> Dict[str, int]:
+    return {k: sum(1 for r in rows if k in r and not _finite(r[k])) for k in USED_KEYS}
+
+
+def cut_at(run: Run, step: int) -> Run:
+    """``run`` read up to ``step`` (``--up-to-step``: runs of different lengths compared at one step; unless a warm-up
+    ratio ties the learning rate to the length, a 30-step run's first 20 steps are a 20-step run's): its rows after
+    ``step`` left out, ``step`` its total (a run that reached it is complete), its ``eval_<name>.json`` (made on
+    the last checkpoint) dropped when it went further."""
+    rows = [r for r in run.rows if int(r["step"]) <= step]
+    evals = run.evals if (run.last_step or 0) <= step else {}
+    return replace(run, rows=rows, nan_counts=_nan_counts(rows), evals=evals, up_to=step)
 
 
 def _is_run_dir(d: Path) -> bool:
