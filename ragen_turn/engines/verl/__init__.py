@@ -10,7 +10,8 @@ every check), :mod:`.register` (our policy losses and ``turn_gae`` in verl's reg
 (the actor loss with turn counts), :mod:`.trainer` (``StarPOTrainer`` on verl's
 ``RayPPOTrainer``, ``TaskRunner``), :mod:`.cpu_platform` (verl's platform registry: ``cpu``),
 :mod:`.workers` (verl's workers on a gloo process group), :mod:`.hf_rollout` (the ``hf`` rollout in
-verl's rollout registries), :mod:`.value_model` (the critic loader without flash-attn or trl). See docs/verl.md.
+verl's rollout registries), :mod:`.value_model` (the critic loader without flash-attn or trl),
+:mod:`.token_logprobs` (the actor's token log-probs without flash-attn, by chunks of rows). See docs/verl.md.
 """
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ from ragen_turn.config import kept_batch_size, policy_loss_config, validate_conf
 # every Ray worker imports these at `import verl` (VERL_USE_EXTERNAL_MODULES); the CPU platform first, so it
 # exists before anything asks verl for one
 EXTERNAL_MODULES = ",".join("ragen_turn.engines.verl." + m for m in (
-    "cpu_platform", "value_model", "hf_rollout", "register", "agent_loop"))
+    "cpu_platform", "value_model", "token_logprobs", "hf_rollout", "register", "agent_loop"))
 AGENT_LOOP_NAME = "ragen_turn_env"
 DEVICES = ("auto", "cpu", "cuda")
 ROLLOUTS = ("hf", "vllm", "sglang")

@@ -1,0 +1,55 @@
+"""verl's log-probs of the sampled tokens without flash-attn, in chunks of rows instead of one row at a time.
+
+verl 0.9.1's ``logprobs_from_logits`` (every actor forward: old log-probs, reference, update) uses flash-attn's
+cross-entropy kernel when flash-attn is installed; otherwise ``logprobs_from_logits_v2``, which loops over the rows
+of ``logits [N, V]`` in Python (``torch.logsumexp`` of one row per iteration) to bound its memory. Its FSDP engine
+hands it every token of a micro-batch as a row, so without flash-attn an actor pass costs one Python iteration and
+one kernel launch per token (and the same again in the backward): on an H200 that made verl's actor passes 10-25x
+its critic's on the same rows (results/gpu.md); on this project's CPU runs about 16 us a token.
+
+:func:`install` (run in every Ray worker: this module is one of the engine's ``VERL_USE_EXTERNAL_MODULES``)
+replaces ``verl.utils.torch_functional.logprobs_from_logits_v2`` with :func:`logprobs_by_chunks`: the same
+formula per row (float32/64: ``x[label] - logsumexp(x)``; bfloat16 and others: ``log_softmax(x)[label]``), over
+chunks of at most ``CHUNK_ELEMENTS`` logits, so the memory stays bounded and the launches are a few per
+micro-batch. The values are verl's where a chunk's rows reduce in the same order as single rows (on CPU, bit for
+bit with the tiny model's 1,024-token vocabulary), else to float rounding (CPU, 49,152 tokens: 1.9e-6 at most).
+verl's flash-attn and NPU paths are left as they are. ``benchmarks/bench_token_logprobs.py`` times both.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+CHUNK_ELEMENTS = 1 << 20  # logits per chunk (4 MiB in float32; larger chunks leave a CPU's cache)
+
+
+def logprobs_by_chunks(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """``logits [..., V]``, ``labels [...]`` -> log-probs of the labels ``[...]``, as verl's
+    ``logprobs_from_logits_v2`` computes each row, a chunk of rows at a time."""
+    V = logits.shape[-1]
+    x, y = logits.reshape(-1, V), labels.reshape(-1)
+    rows = max(1, CHUNK_ELEMENTS // max(V, 1))
+    exact = logits.dtype in (torch.float32, torch.float64)
+    out = []
+    for xc, yc in zip(x.split(rows), y.split(rows)):
+        if exact:
+            out.append(xc.gather(-1, yc.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(xc, dim=-1))
+        else:  # verl's branch for bfloat16: logsumexp is less stable there
+            out.append(F.log_softmax(xc, dim=-1).gather(-1, yc.unsqueeze(-1)).squeeze(-1))
+    return (torch.cat(out) if out else x.new_zeros(0)).reshape(labels.shape)
+
+
+_VERL_V2 = None
+
+
+def install() -> None:
+    """Put :func:`logprobs_by_chunks` in place of verl's ``logprobs_from_logits_v2`` in this process (idempotent)."""
+    global _VERL_V2
+    import verl.utils.torch_functional as verl_F
+
+    if verl_F.logprobs_from_logits_v2 is not logprobs_by_chunks:
+        _VERL_V2 = verl_F.logprobs_from_logits_v2
+        verl_F.logprobs_from_logits_v2 = logprobs_by_chunks
+
+
+install()
