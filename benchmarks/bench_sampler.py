@@ -21,8 +21,9 @@ import time
 import torch
 
 from ragen_turn.compose import compose_config
-from ragen_turn.engines.local.sampler import DECODES, LocalSampler
+from ragen_turn.engines.local.sampler import LocalSampler
 from ragen_turn.engines.local.trainer import build_trainer
+from ragen_turn.models.kv_cache import DECODES
 from ragen_turn.rollout import ChatFormatter, context_config, run_episodes
 from ragen_turn.runtime import quiet_transformers
 

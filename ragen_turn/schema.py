@@ -187,7 +187,7 @@ class RolloutConfig:
     rollout_filter_selection_eps: float = key(0.01, ge=0)
     micro_batch_size: int = key(**NON_NEGATIVE)  # 0 = the whole env batch
     prefix_cache: bool = key()
-    decode: str = key("dynamic", choices=("dynamic", "static", "compiled"))  # the local engine's decode cache
+    decode: str = key("dynamic", choices=("dynamic", "static", "compiled"))  # decode cache: local and verl's hf rollout
 
 
 @dataclass

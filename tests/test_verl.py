@@ -1483,7 +1483,44 @@ def test_hf_rollout_stops_and_greedy():
     text = decode(toks)
     k = next(k for k in range(1, len(text) + 1) if text[1:3] in text[:k])
     s = Request(prompt_ids=[1, 2], max_tokens=5, temperature=0.0, stop=(text[1:3],))
-    assert sample_batch(model, [s], 0, eos_ids=[], decode=decode)[0][0] == toks[:k]
+    assert sample_batch(model, [s], 0, eos_ids=[], detokenize=decode)[0][0] == toks[:k]
+
+
+@needs_verl
+@pytest.mark.parametrize("decode", ["static", "compiled"])
+def test_hf_rollout_static_and_compiled_decode_sample_what_the_dynamic_cache_samples(model_dir, decode):
+    """The hf server's fixed-size cache (and its compiled step) gives each request the tokens the growing cache
+    gives it for its seed, and the same log-probs to float rounding: prompts of different lengths, requests that
+    end at different steps (an end id, a stop id, their own max_tokens), a top-k and a top-p request (tiny model)."""
+    from transformers import AutoModelForCausalLM
+
+    from ragen_turn.engines.verl.hf_rollout import Request, sample_batch
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="sdpa").eval()
+    torch.manual_seed(0)
+    with torch.no_grad():  # a likelier end token: some requests end early
+        model.get_input_embeddings().weight[7] *= 12.0
+    V = model.config.vocab_size
+    prompts = [torch.randint(10, V, (n,)).tolist() for n in (5, 17, 9, 30, 2)]
+    kinds = [dict(), dict(max_tokens=7), dict(stop_token_ids=(8,)), dict(top_k=20), dict(top_p=0.9)]
+
+    def requests():
+        out = []
+        for i, (p, kind) in enumerate(zip(prompts, kinds)):
+            kw = dict(kind)
+            r = Request(prompt_ids=p, max_tokens=kw.pop("max_tokens", 40), seed=100 + i, **kw)
+            r.generator = torch.Generator().manual_seed(100 + i)
+            out.append(r)
+        return out
+
+    dynamic = sample_batch(model, requests(), 0, eos_ids=[7])
+    step = torch.compile(model) if decode == "compiled" else None
+    other = sample_batch(model, requests(), 0, eos_ids=[7], decode=decode, step=step)
+    assert [t for t, _ in dynamic] == [t for t, _ in other]
+    for (_, la), (_, lb) in zip(dynamic, other):
+        assert torch.allclose(torch.tensor(la), torch.tensor(lb), atol=1e-5, rtol=0)
+    lengths = [len(t) for t, _ in dynamic]
+    assert len(set(lengths)) > 2 and lengths[1] <= 7 and max(lengths) > 15, lengths  # rows end at different steps
 
 
 # ------------------------------------------------------------------------------------------------

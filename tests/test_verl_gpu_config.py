@@ -96,6 +96,16 @@ def test_gpu_config_passes_verls_checks_with_the_hand_written_mapping(model_dir,
     assert vcfg.actor_rollout_ref.model.use_remove_padding is False
 
 
+@pytest.mark.parametrize("decode", ["dynamic", "static", "compiled"])
+def test_decode_reaches_the_hf_servers_config(model_dir, decode):
+    """actor_rollout_ref.rollout.decode -> rollout.engine_kwargs.hf.decode (where verl keeps vLLM's and SGLang's
+    options), through verl's RolloutConfig, which the hf server reads; the other rollouts get no hf options."""
+    _, built = gpu_config(model_dir, "engine.verl.rollout=hf", f"actor_rollout_ref.rollout.decode={decode}")
+    assert dict(built["rollout"].engine_kwargs["hf"]) == {"decode": decode}
+    _, built = gpu_config(model_dir, "engine.verl.rollout=vllm")
+    assert "hf" not in (built["rollout"].engine_kwargs or {})
+
+
 def test_fsdp2_fp32_and_flash_attn_two_nodes(model_dir):
     """The other values: FSDP2 when asked, fp32 (our default), flash-attn on the host, tp over nodes."""
     vcfg, built = gpu_config(model_dir, "engine.verl.rollout=vllm", "engine.verl.strategy=fsdp2",
@@ -132,8 +142,10 @@ def test_fsdp2_fp32_and_flash_attn_two_nodes(model_dir):
     (["engine.verl.rollout=vllm"], "no_engines", "vllm is not installed"),
     (["engine.verl.rollout=hf", "engine.verl.rollout_tp=2"], None, "rollout_tp must be 1"),
     ([], "no_gpu", "engine.verl.device=cuda but torch sees no GPU"),
+    (["engine.verl.rollout=vllm", "actor_rollout_ref.rollout.decode=static"], None,
+     "actor_rollout_ref.rollout.decode=static"),
 ], ids=["tp_not_dividing", "tp_spanning_part_of_a_node", "gmu_over_1", "gmu_0", "more_gpus_than_the_host",
-        "vllm_missing", "hf_tp", "no_gpu"])
+        "vllm_missing", "hf_tp", "no_gpu", "decode_on_vllm"])
 def test_our_gpu_checks_name_the_key(model_dir, overrides, on, match):
     """What verl would stop on mid-start (or Ray would wait on) is refused before any work, naming the key."""
     from ragen_turn.engines.verl.config import Host, check_ragen_config

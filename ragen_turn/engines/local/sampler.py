@@ -6,6 +6,7 @@ from typing import Any, List, Optional, Sequence
 
 import torch
 
+from ragen_turn.models.kv_cache import STATIC_BUCKET, check_decode, compiled_step, to_static
 
 _STOP_TABLES: dict = {}
 
@@ -24,9 +25,6 @@ def _stop_candidates(tokenizer: Any, stop_strings: tuple) -> torch.Tensor:
                 table[tid] = any(c in text for c in last_chars)
         _STOP_TABLES[key] = table
     return _STOP_TABLES[key]
-
-
-DECODES = ("dynamic", "static", "compiled")
 
 
 class NonFiniteSampling(FloatingPointError):
@@ -56,17 +54,11 @@ class LocalSampler:
     the new tokens. Rows are matched by token prefix; call ``reset_cache()`` whenever the model's
     weights change (``run_episodes`` does at the start and end of every rollout).
 
-    ``decode`` picks how the tokens after the prefill are computed (the samples are the same for a seed;
-    the logits agree to float rounding):
-    - ``dynamic``: the cache grows by one slot a step (transformers' ``DynamicCache``);
-    - ``static``: after the prefill the keys/values move into a cache of fixed length (prefill width +
-      ``max_new_tokens``, rounded up to ``STATIC_BUCKET``; ``StaticCache``), and the attention mask is one
-      fixed-size tensor written in place: every decode step has the same shapes and memory addresses;
-    - ``compiled``: ``static`` with the decode step through ``torch.compile`` (``mode="reduce-overhead"``
-      on CUDA: CUDA graphs, one launch a step in place of a handful of kernels per layer).
+    ``decode`` picks how the tokens after the prefill are computed (``dynamic``, ``static`` or ``compiled``;
+    :mod:`ragen_turn.models.kv_cache`): the samples are the same for a seed, the logits agree to float rounding.
     """
 
-    STATIC_BUCKET = 64  # static caches' lengths are multiples of this, so a compiled step sees few shapes
+    STATIC_BUCKET = STATIC_BUCKET
 
     def __init__(self, model: Any, tokenizer: Any, temperature: float = 1.0, top_p: float = 1.0,
                  stop_strings: Sequence[str] = ("</answer>", "</search>"), device: str | torch.device = "cpu",
@@ -76,10 +68,8 @@ class LocalSampler:
             raise ValueError(f"actor_rollout_ref.rollout.temperature must be >= 0, got {temperature}")
         if not (0 < top_p <= 1):
             raise ValueError(f"actor_rollout_ref.rollout.top_p must be in (0, 1], got {top_p}")
-        if decode not in DECODES:
-            raise ValueError(f"actor_rollout_ref.rollout.decode must be one of {DECODES}, got {decode!r}")
         self.model, self.tok = model, tokenizer
-        self.decode = decode
+        self.decode = check_decode(decode)
         self._step = model  # the decode step's callable (compiled on first use when decode=compiled)
         self.temperature, self.top_p = float(temperature), float(top_p)
         self.device = torch.device(device)
@@ -177,32 +167,12 @@ class LocalSampler:
         return out.logits[:, -1], out.past_key_values, attn.to(self.device), pos[:, -1:].to(self.device), slots
 
     def _to_static(self, cache, attn: torch.Tensor, max_new_tokens: int):
-        """The prefill's ``DynamicCache`` (width ``W``) -> ``(StaticCache, attention mask [B, L])`` of length
-        ``L = W + max_new_tokens`` rounded up to ``STATIC_BUCKET``: slots ``< W`` hold the prefill, the rest are
-        masked until written. ``None`` where the model's cache is not plain full attention."""
-        from transformers import StaticCache
-        from transformers.cache_utils import DynamicLayer, StaticLayer
-
-        if any(type(layer) is not DynamicLayer for layer in cache.layers):
-            return None
-        B, W = attn.shape
-        L = -(-(W + max_new_tokens) // self.STATIC_BUCKET) * self.STATIC_BUCKET
-        static = StaticCache(config=self.model.config, max_cache_len=L)
-        if len(static.layers) != len(cache.layers) or any(type(x) is not StaticLayer for x in static.layers):
-            return None
-        for dyn, fixed in zip(cache.layers, static.layers):
-            fixed.lazy_initialization(dyn.keys, dyn.values)
-            fixed.keys[:, :, :W] = dyn.keys
-            fixed.values[:, :, :W] = dyn.values
-            fixed.cumulative_length.fill_(W)
-        mask = attn.new_zeros(B, L)
-        mask[:, :W] = attn
-        return static, mask
+        """:func:`ragen_turn.models.kv_cache.to_static` at this sampler's bucket."""
+        return to_static(self.model, cache, attn, max_new_tokens, self.STATIC_BUCKET)
 
     def _decode_step(self):
         if self.decode == "compiled" and self._step is self.model:
-            mode = "reduce-overhead" if self.device.type == "cuda" else None
-            self._step = torch.compile(self.model, mode=mode)
+            self._step = compiled_step(self.model, self.device)
         return self._step
 
     def _remember(self, prompts, results, cache, slots, width: int) -> None:

@@ -190,6 +190,11 @@ def check_ragen_config(cfg: DictConfig, host: Optional[Host] = None) -> Placemen
     if tp > p.n_gpus_per_node and tp % p.n_gpus_per_node:
         raise ValueError(f"engine.verl.rollout_tp={tp} spans nodes: it must be a multiple of "
                          f"trainer.n_gpus_per_node ({p.n_gpus_per_node})")
+    decode = str(cfg.actor_rollout_ref.rollout.get("decode", "dynamic"))
+    if decode != "dynamic" and p.rollout != "hf":
+        raise ValueError(f"actor_rollout_ref.rollout.decode={decode} is the local engine's and the hf rollout's "
+                         f"cache; engine.verl.rollout={p.rollout} keeps its own (vLLM captures CUDA graphs unless "
+                         "told not to): set it to dynamic, or use engine.verl.rollout=hf")
     gmu = float(v.gpu_memory_utilization)
     if p.rollout != "hf" and not 0 < gmu <= 1:
         raise ValueError(f"engine.verl.gpu_memory_utilization={gmu} must be in (0, 1]: the share of each "
@@ -361,6 +366,9 @@ def to_verl_config(cfg: DictConfig, model_path: Optional[str] = None,
                                "top_p": float(r.top_p) if float(r.val_temperature) > 0 else 1.0},
                 "multi_turn": {"enable": True},
                 "agent": {"num_workers": p.agent_workers, "default_agent_loop": AGENT_LOOP_NAME},
+                # our hf server's options sit where vLLM's and SGLang's sit (engine_kwargs.vllm / .sglang)
+                **({"engine_kwargs": {"hf": {"decode": str(r.get("decode", "dynamic"))}}} if p.rollout == "hf"
+                   else {}),
             },
         },
         "critic": {

@@ -40,6 +40,7 @@ from verl.workers.rollout import base as rollout_base
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, RolloutReplicaRegistry, TokenOutput
 
+from ragen_turn.models.kv_cache import check_decode, compiled_step, to_static
 from ragen_turn.models.logprobs import positions_from_mask
 
 logger = logging.getLogger(__name__)
@@ -111,15 +112,19 @@ def pick(logits: torch.Tensor, req: Request) -> Tuple[int, float]:
 
 @torch.no_grad()
 def sample_batch(model: Any, requests: Sequence[Request], pad_id: int, eos_ids: Iterable[int],
-                 decode: Any = None) -> List[Tuple[List[int], List[float]]]:
+                 detokenize: Any = None, decode: str = "dynamic",
+                 step: Any = None) -> List[Tuple[List[int], List[float]]]:
     """Sample every request; returns ``(token ids, log-probs)`` per request, stop token/string included.
 
     One left-padded prefill of all prompts, then one token per step with the KV cache until every
     request has hit an end id (``eos_ids`` or its ``stop_token_ids``), one of its ``stop`` strings
-    (checked on ``decode(tail of its tokens)``) or its ``max_tokens``.
+    (checked on ``detokenize(tail of its tokens)``) or its ``max_tokens``. ``decode`` is the cache of the
+    steps after the prefill (:mod:`ragen_turn.models.kv_cache`; the same samples in every mode) and ``step``
+    the callable that runs them (the model, or its compiled step for ``compiled``).
     """
     B = len(requests)
     width = max(len(r.prompt_ids) for r in requests)
+    max_new = max(r.max_tokens for r in requests)
     device = next(model.parameters()).device
     ids = torch.full((B, width), int(pad_id), dtype=torch.long)
     attn = torch.zeros(B, width, dtype=torch.long)
@@ -127,14 +132,18 @@ def sample_batch(model: Any, requests: Sequence[Request], pad_id: int, eos_ids: 
         ids[b, width - len(r.prompt_ids):] = torch.tensor(r.prompt_ids, dtype=torch.long)
         attn[b, width - len(r.prompt_ids):] = 1
     pos = positions_from_mask(attn)
-    out = model(input_ids=ids.to(device), attention_mask=attn.to(device), position_ids=pos.to(device),
+    attn, last_pos = attn.to(device), pos[:, -1:].to(device)
+    out = model(input_ids=ids.to(device), attention_mask=attn, position_ids=pos.to(device),
                 use_cache=True, logits_to_keep=1)
     cache, logits = out.past_key_values, out.logits[:, -1].float().cpu()  # picks draw from CPU generators
+    static = to_static(model, cache, attn, max_new) if check_decode(decode) != "dynamic" else None
+    if static is not None:
+        cache, attn = static
+    step = step if (step is not None and static is not None) else model
     eos = set(int(t) for t in eos_ids)
     results: List[Tuple[List[int], List[float]]] = [([], []) for _ in requests]
     done = [False] * B
-    last_pos = pos[:, -1:]
-    for step in range(max(r.max_tokens for r in requests)):
+    for k in range(max_new):  # the k-th new token; fed back, its keys/values go to slot width + k
         nxt = torch.full((B,), int(pad_id), dtype=torch.long)
         for b, r in enumerate(requests):
             if done[b]:
@@ -145,14 +154,20 @@ def sample_batch(model: Any, requests: Sequence[Request], pad_id: int, eos_ids: 
             lps.append(lp)
             nxt[b] = tok
             done[b] = (tok in eos or tok in r.stop_token_ids or len(toks) >= r.max_tokens
-                       or (bool(r.stop) and decode is not None and any(s in decode(toks[-16:]) for s in r.stop)))
+                       or (bool(r.stop) and detokenize is not None
+                           and any(s in detokenize(toks[-16:]) for s in r.stop)))
         if all(done):
             break
-        attn = torch.cat([attn, attn.new_ones(B, 1)], dim=1)
+        if static is None:
+            attn = torch.cat([attn, attn.new_ones(B, 1)], dim=1)
+        else:  # written in place: the mask keeps its shape and address
+            attn[:, width + k] = 1
         last_pos = last_pos + 1
-        out = model(input_ids=nxt[:, None].to(device), attention_mask=attn.to(device), position_ids=last_pos.to(device),
-                    past_key_values=cache, use_cache=True, logits_to_keep=1)
-        cache, logits = out.past_key_values, out.logits[:, -1].float().cpu()
+        out = step(input_ids=nxt[:, None].to(device), attention_mask=attn, position_ids=last_pos,
+                   past_key_values=cache, use_cache=True, logits_to_keep=1)
+        logits = out.logits[:, -1].float().cpu()
+        if static is None:
+            cache = out.past_key_values
     return results
 
 
@@ -214,11 +229,15 @@ class HFServer:
             self.model_config.local_path, dtype=getattr(torch, str(self.config.dtype)),
             attn_implementation="sdpa", trust_remote_code=self.model_config.trust_remote_code,
         ).to(self.device).eval()
-        logger.warning("hf rollout server %d samples on %s", self.replica_rank, self.device)
         self.tokenizer = self.model_config.tokenizer
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.eos_ids = end_ids(self.tokenizer, getattr(self.model, "generation_config", None))
         self.default_max_tokens = int(self.config.response_length)
+        # actor_rollout_ref.rollout.decode, mapped to rollout.engine_kwargs.hf.decode (vLLM's options: .vllm)
+        hf_kwargs = (getattr(self.config, "engine_kwargs", None) or {}).get("hf") or {}
+        self.decode = check_decode(str(hf_kwargs.get("decode", "dynamic")))
+        self._step = compiled_step(self.model, self.device) if self.decode == "compiled" else self.model
+        logger.warning("hf rollout server %d samples on %s (decode=%s)", self.replica_rank, self.device, self.decode)
         self.global_steps: Optional[int] = None
         self._queue: List[Tuple[Request, asyncio.Future]] = []
         self._worker: Optional[asyncio.Task] = None
@@ -246,7 +265,7 @@ class HFServer:
             batch, self._queue = self._queue, []
             try:
                 outs = await asyncio.to_thread(sample_batch, self.model, [r for r, _ in batch], self.pad_id,
-                                               self.eos_ids, self.tokenizer.decode)
+                                               self.eos_ids, self.tokenizer.decode, self.decode, self._step)
             except Exception as e:  # hand the error to every waiting request
                 for _, fut in batch:
                     if not fut.done():
