@@ -3,7 +3,7 @@
 # on the same GPU, in one device call of at most ~9 minutes. The packages come first with the wheel shuttle
 # (scripts/device_wheels.sh; docs/verl.md), whose last batch's call runs this:
 #
-#   bash scripts/device_wheels.sh receive .wheels/batch-06 /tmp/wheels && bash scripts/device_verl.sh
+#   bash scripts/device_wheels.sh receive .wheels/batch-07 /tmp/wheels && bash scripts/device_verl.sh   (the last batch)
 #
 # Phases (PHASES, in this order; each logs to $OUT/<phase>.log and adds a line to $OUT/summary.txt):
 #   env         install the shuttled wheels from $STAGE into $SITE (once per machine), versions, nvidia-smi
