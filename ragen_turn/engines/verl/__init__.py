@@ -29,6 +29,19 @@ INSTALL_HINT = ("engine=verl needs verl {v}: pip install -e '.[verl]' (CPU: verl
                 ).format(v=VERL_VERSION)
 
 
+_REPLACED: Dict[tuple, Any] = {}
+
+
+def replace_verl_function(module: str, name: str, ours: Any) -> Any:
+    """Put ``ours`` in place of verl's ``module.name`` in this process (idempotent: a second call changes
+    nothing); returns verl's own function. For the few verl functions with no hook (docs/verl.md)."""
+    mod = importlib.import_module(module)
+    if getattr(mod, name) is not ours:
+        _REPLACED[(module, name)] = getattr(mod, name)
+        setattr(mod, name, ours)
+    return _REPLACED[(module, name)]
+
+
 class VerlNotInstalled(ImportError, ValueError):
     """verl (or a module its trainer needs) is not importable.
 

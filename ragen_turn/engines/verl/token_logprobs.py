@@ -7,7 +7,7 @@ hands it every token of a micro-batch as a row, so without flash-attn an actor p
 one kernel launch per token (and the same again in the backward): on an H200 that made verl's actor passes 10-25x
 its critic's on the same rows (results/gpu.md); on this project's CPU runs about 16 us a token.
 
-:func:`install` (run in every Ray worker: this module is one of the engine's ``VERL_USE_EXTERNAL_MODULES``)
+Importing this module (every Ray worker does: it is one of the engine's ``VERL_USE_EXTERNAL_MODULES``)
 replaces ``verl.utils.torch_functional.logprobs_from_logits_v2`` with :func:`logprobs_by_chunks`: the same
 formula per row (float32/64: ``x[label] - logsumexp(x)``; bfloat16 and others: ``log_softmax(x)[label]``), over
 chunks of at most ``CHUNK_ELEMENTS`` logits, so the memory stays bounded and the launches are a few per
@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from ragen_turn.engines.verl import replace_verl_function
 
 CHUNK_ELEMENTS = 1 << 20  # logits per chunk (4 MiB in float32; larger chunks leave a CPU's cache)
 
@@ -39,17 +41,5 @@ def logprobs_by_chunks(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tens
     return (torch.cat(out) if out else x.new_zeros(0)).reshape(labels.shape)
 
 
-_VERL_V2 = None
-
-
-def install() -> None:
-    """Put :func:`logprobs_by_chunks` in place of verl's ``logprobs_from_logits_v2`` in this process (idempotent)."""
-    global _VERL_V2
-    import verl.utils.torch_functional as verl_F
-
-    if verl_F.logprobs_from_logits_v2 is not logprobs_by_chunks:
-        _VERL_V2 = verl_F.logprobs_from_logits_v2
-        verl_F.logprobs_from_logits_v2 = logprobs_by_chunks
-
-
-install()
+# verl's own row loop, kept for the test and the benchmark
+_VERL_V2 = replace_verl_function("verl.utils.torch_functional", "logprobs_from_logits_v2", logprobs_by_chunks)

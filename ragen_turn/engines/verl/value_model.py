@@ -2,7 +2,7 @@
 
 verl 0.9.1 builds its critic with ``verl.utils.model.load_valuehead_model``, which hard-codes
 ``attn_implementation="flash_attention_2"`` and, when that load fails, asks for ``trl``. verl has no
-hook for this loader, so :func:`install` (run in every Ray worker: this module is one of the
+hook for this loader, so importing this module (every Ray worker does: it is one of the
 engine's ``VERL_USE_EXTERNAL_MODULES``) replaces that one function in ``verl.utils.model`` with
 :func:`load_value_model`, which verl's FSDP engine looks up when it builds the critic. It loads the
 same class verl's first attempt loads (``AutoModelForTokenClassification``, ``num_labels=1``) with
@@ -17,6 +17,8 @@ import importlib.util
 from typing import Any
 
 import torch
+
+from ragen_turn.engines.verl import replace_verl_function
 
 FLASH_ATTENTION = "flash_attention_2"
 SDPA = "sdpa"
@@ -64,17 +66,5 @@ def _head(model: torch.nn.Module):
     return None
 
 
-_VERL_LOADER = None
-
-
-def install() -> None:
-    """Put :func:`load_value_model` in place of verl's ``load_valuehead_model`` in this process (idempotent)."""
-    global _VERL_LOADER
-    import verl.utils.model as verl_model
-
-    if verl_model.load_valuehead_model is not load_value_model:
-        _VERL_LOADER = verl_model.load_valuehead_model
-        verl_model.load_valuehead_model = load_value_model
-
-
-install()
+# verl's own loader, for the models our loader leaves to it
+_VERL_LOADER = replace_verl_function("verl.utils.model", "load_valuehead_model", load_value_model)
