@@ -11,7 +11,8 @@ every check), :mod:`.register` (our policy losses and ``turn_gae`` in verl's reg
 ``RayPPOTrainer``, ``TaskRunner``), :mod:`.cpu_platform` (verl's platform registry: ``cpu``),
 :mod:`.workers` (verl's workers on a gloo process group), :mod:`.hf_rollout` (the ``hf`` rollout in
 verl's rollout registries), :mod:`.value_model` (the critic loader without flash-attn or trl),
-:mod:`.token_logprobs` (the actor's token log-probs without flash-attn, by chunks of rows). See docs/verl.md.
+:mod:`.token_logprobs` (the actor's token log-probs without flash-attn, by chunks of rows), :mod:`.replace` (how
+those two put theirs in place of verl's functions). See docs/verl.md.
 """
 from __future__ import annotations
 
@@ -27,19 +28,6 @@ VERL_VERSION = "0.9.1"
 INSTALL_HINT = ("engine=verl needs verl {v}: pip install -e '.[verl]' (CPU: verl with the CPU torch) or "
                 "pip install -e '.[gpu]' (GPUs: verl[vllm]=={v}); both add cachetools uvicorn fastapi pyzmq msgspec."
                 ).format(v=VERL_VERSION)
-
-
-_REPLACED: Dict[tuple, Any] = {}
-
-
-def replace_verl_function(module: str, name: str, ours: Any) -> Any:
-    """Put ``ours`` in place of verl's ``module.name`` in this process (idempotent: a second call changes
-    nothing); returns verl's own function. For the few verl functions with no hook (docs/verl.md)."""
-    mod = importlib.import_module(module)
-    if getattr(mod, name) is not ours:
-        _REPLACED[(module, name)] = getattr(mod, name)
-        setattr(mod, name, ours)
-    return _REPLACED[(module, name)]
 
 
 class VerlNotInstalled(ImportError, ValueError):

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ragen_turn.engines.verl import replace_verl_function
+from ragen_turn.engines.verl.replace import replace_verl_function
 
 CHUNK_ELEMENTS = 1 << 20  # logits per chunk (4 MiB in float32; larger chunks leave a CPU's cache)
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from ragen_turn.engines.verl import replace_verl_function
+from ragen_turn.engines.verl.replace import replace_verl_function
 
 FLASH_ATTENTION = "flash_attention_2"
 SDPA = "sdpa"
