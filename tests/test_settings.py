@@ -48,3 +48,18 @@ def test_the_committed_warm_start_is_the_one_the_comparison_loads(setting):
     tok = tiny_tokenizer()
     committed = sorted(p.name for p in (ASSETS / setting / "warmstart").iterdir())
     assert committed == [warmstart_key(cfg, tok)]
+
+
+def test_smollm2_gpu_setting_is_smollm2_with_one_sft_for_every_run():
+    """config/setting/smollm2_gpu.yaml picks SmolLM2 itself (no committed warm start: it is built on the GPU) and
+    pins the SFT seed, so the comparison's 20 runs share one warm start; the batch splits into whole micro-batches."""
+    runs = [compose_config(["env=sokoban", "+setting=smollm2_gpu", "+sweep=compare", f"algo={a}", f"seed={s}"])
+            for a, s in (("turn_ppo", 0), ("grpo", 4))]
+    for cfg in runs:
+        validate_config(cfg)
+        assert cfg.model.name == "smollm2-135m" and cfg.model.warmstart.enable and cfg.model.warmstart.seed == 0
+        kept = cfg.es_manager.train.env_groups * cfg.es_manager.train.group_size
+        assert kept % cfg.ppo_mini_batch_size == 0 and cfg.ppo_mini_batch_size % cfg.micro_batch_size_per_gpu == 0
+    assert runs[0].model.warmstart == runs[1].model.warmstart
+    assert runs[1].trainer.default_local_dir == "runs/compare/sokoban_smollm2_gpu_grpo_smollm2-135m_s4"
+    assert not (ASSETS / "smollm2_gpu").exists()
