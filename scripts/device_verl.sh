@@ -145,9 +145,9 @@ phase_smol_compare() {
             es_manager.train.env_groups=2 es_manager.train.group_size=2 ppo_mini_batch_size=4
             micro_batch_size_per_gpu=2 es_manager.val.env_groups=4 trainer.total_training_steps=1)
   else
-    local gib
-    gib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
-    [ -n "$par" ] || { [ "${gib:-0}" -ge 133000 ] && par=20 || par=10; }
+    local mib  # the card's memory (130 GiB = 133,120 MiB: an H200, not an H100)
+    mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
+    [ -n "$par" ] || { [ "${mib:-0}" -ge 133000 ] && par=20 || par=10; }
     (while sleep 15; do echo "$(( $(date +%s) - T0 )) s $(nvidia-smi --query-gpu=utilization.gpu,memory.used \
       --format=csv,noheader) runs $(pgrep -fc 'ragen_turn[.]train')"; done) > "$OUT/smol_mon.log" 2>&1 &
     mon=$!

@@ -694,6 +694,7 @@ def test_static_decode_logits_match_the_dynamic_cache():
     rounding (the longer, masked cache sums its attention in another order), and the static cache's length is the
     prefill width + max_new_tokens rounded up to its bucket."""
     from ragen_turn.engines.local.sampler import LocalSampler
+    from ragen_turn.models.kv_cache import STATIC_BUCKET, to_static
 
     tr = build_trainer(micro_config([]), log=_quiet)
     torch.manual_seed(1)
@@ -708,8 +709,8 @@ def test_static_decode_logits_match_the_dynamic_cache():
         seen[how] = (s.generate(prompts, 9), torch.stack(steps))
         if how == "static":
             logits, cache, attn, *_ = s._prefill(prompts, [])
-            fixed, mask = s._to_static(cache, attn, 9)
-            assert mask.shape == (3, LocalSampler.STATIC_BUCKET) and fixed.layers[0].keys.shape[2] == mask.shape[1]
+            fixed, mask = to_static(tr.actor, cache, attn, 9)
+            assert mask.shape == (3, STATIC_BUCKET) and fixed.layers[0].keys.shape[2] == mask.shape[1]
             assert mask[:, :12].equal(attn) and int(mask[:, 12:].sum()) == 0
     assert seen["dynamic"][0] == seen["static"][0]
     assert seen["dynamic"][1].shape == (9, 3, V)

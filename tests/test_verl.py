@@ -1495,6 +1495,7 @@ def test_hf_rollout_static_and_compiled_decode_sample_what_the_dynamic_cache_sam
     from transformers import AutoModelForCausalLM
 
     from ragen_turn.engines.verl.hf_rollout import Request, sample_batch
+    from ragen_turn.models.kv_cache import compiled_step
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="sdpa").eval()
     torch.manual_seed(0)
@@ -1514,13 +1515,33 @@ def test_hf_rollout_static_and_compiled_decode_sample_what_the_dynamic_cache_sam
         return out
 
     dynamic = sample_batch(model, requests(), 0, eos_ids=[7])
-    step = torch.compile(model) if decode == "compiled" else None
+    step = compiled_step(model, "cpu") if decode == "compiled" else None
     other = sample_batch(model, requests(), 0, eos_ids=[7], decode=decode, step=step)
     assert [t for t, _ in dynamic] == [t for t, _ in other]
     for (_, la), (_, lb) in zip(dynamic, other):
         assert torch.allclose(torch.tensor(la), torch.tensor(lb), atol=1e-5, rtol=0)
     lengths = [len(t) for t, _ in dynamic]
     assert len(set(lengths)) > 2 and lengths[1] <= 7 and max(lengths) > 15, lengths  # rows end at different steps
+
+
+@needs_verl
+def test_hf_server_reads_decode_from_the_mapped_config_and_serves_the_same_tokens(model_dir):
+    """The hf server (in this process, not as a Ray actor) built from the verl config our mapping writes takes
+    actor_rollout_ref.rollout.decode from rollout.engine_kwargs.hf.decode, and a static-cache server answers a
+    seeded request with the tokens of a dynamic-cache one."""
+    from ragen_turn.engines.verl.config import check_verl_config
+    from ragen_turn.engines.verl.hf_rollout import HFServer
+
+    outs = {}
+    for decode in ("dynamic", "static"):
+        _, vcfg = verl_cfg(model_dir, f"actor_rollout_ref.rollout.decode={decode}")
+        built = check_verl_config(vcfg)  # verl's dataclasses, as its replica hands them to the server
+        server = HFServer(built["rollout"], built["model"])
+        assert server.decode == decode and server._step is server.model
+        out = asyncio.run(server.generate("r0", [1, 2, 3, 4, 5], {"max_tokens": 12, "seed": 7, "temperature": 1.0}))
+        outs[decode] = (out.token_ids, out.log_probs)
+    assert outs["dynamic"][0] == outs["static"][0] and len(outs["static"][0]) > 0
+    assert torch.allclose(torch.tensor(outs["dynamic"][1]), torch.tensor(outs["static"][1]), atol=1e-5)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ from typing import Any, List, Optional, Sequence
 
 import torch
 
-from ragen_turn.models.kv_cache import STATIC_BUCKET, check_decode, compiled_step, to_static
+from ragen_turn.models.kv_cache import check_decode, compiled_step, to_static
 
 _STOP_TABLES: dict = {}
 
@@ -57,8 +57,6 @@ class LocalSampler:
     ``decode`` picks how the tokens after the prefill are computed (``dynamic``, ``static`` or ``compiled``;
     :mod:`ragen_turn.models.kv_cache`): the samples are the same for a seed, the logits agree to float rounding.
     """
-
-    STATIC_BUCKET = STATIC_BUCKET
 
     def __init__(self, model: Any, tokenizer: Any, temperature: float = 1.0, top_p: float = 1.0,
                  stop_strings: Sequence[str] = ("</answer>", "</search>"), device: str | torch.device = "cpu",
@@ -166,10 +164,6 @@ class LocalSampler:
                          position_ids=pos.to(self.device), past_key_values=past, use_cache=True, logits_to_keep=1)
         return out.logits[:, -1], out.past_key_values, attn.to(self.device), pos[:, -1:].to(self.device), slots
 
-    def _to_static(self, cache, attn: torch.Tensor, max_new_tokens: int):
-        """:func:`ragen_turn.models.kv_cache.to_static` at this sampler's bucket."""
-        return to_static(self.model, cache, attn, max_new_tokens, self.STATIC_BUCKET)
-
     def _decode_step(self):
         if self.decode == "compiled" and self._step is self.model:
             self._step = compiled_step(self.model, self.device)
@@ -211,7 +205,7 @@ class LocalSampler:
         B = len(prompts)
         logits, cache, attn, last_pos, slots = self._prefill(prompts, list(previous) if self.prefix_cache else [])
         width = attn.shape[1]
-        static = self._to_static(cache, attn, max_new_tokens) if self.decode != "dynamic" else None
+        static = to_static(self.model, cache, attn, max_new_tokens) if self.decode != "dynamic" else None
         step = self.model
         if static is not None:
             (cache, attn), step = static, self._decode_step()

@@ -4,8 +4,9 @@ verl 0.9.1's ``logprobs_from_logits`` (every actor forward: old log-probs, refer
 cross-entropy kernel when flash-attn is installed; otherwise ``logprobs_from_logits_v2``, which loops over the rows
 of ``logits [N, V]`` in Python (``torch.logsumexp`` of one row per iteration) to bound its memory. Its FSDP engine
 hands it every token of a micro-batch as a row, so without flash-attn an actor pass costs one Python iteration and
-one kernel launch per token (and the same again in the backward): on an H200 that made verl's actor passes 10-25x
-its critic's on the same rows (results/gpu.md); on this project's CPU runs about 16 us a token.
+one kernel launch per token (and the same again in the backward): about 20 us a token on this project's 2-core
+Intel Xeon, and the likely reason verl's actor passes took 10-25x its critic's on an H200 (results/gpu.md; not yet
+measured on a card).
 
 Importing this module (every Ray worker does: it is one of the engine's ``VERL_USE_EXTERNAL_MODULES``)
 replaces ``verl.utils.torch_functional.logprobs_from_logits_v2`` with :func:`logprobs_by_chunks`: the same
