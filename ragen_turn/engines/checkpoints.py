@@ -271,6 +271,16 @@ def rotate(ckpt_dir: Path, keep: int, log: Optional[Callable[[str], None]] = Non
     return gone
 
 
+def remove_all(ckpt_dir: Path) -> List[Path]:
+    """A fresh start: delete every step directory and the pointer files (nothing else in ``ckpt_dir``)."""
+    old = step_dirs(ckpt_dir)
+    for p in old:
+        remove_dir(p)
+    for name in POINTERS:
+        (Path(ckpt_dir) / name).unlink(missing_ok=True)
+    return old
+
+
 def drop_after(ckpt_dir: Path, step: int, log: Callable[[str], None] = print) -> None:
     """A resume from step ``step`` abandons the checkpoints after it (else rotation, which keeps the highest
     steps, would delete the new ones and keep those)."""

@@ -26,6 +26,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import re
 import shutil
 import signal
 import socket
@@ -290,6 +291,7 @@ def check_run_dir(cfg, log: Callable[[str], None] = print) -> RunDirLock:
         raise ValueError(f"{key}={run_dir}: exists and is not a directory")
     _probe_writable(run_dir, key)
     held_before = _key(run_dir) in _HELD
+    made = [q for q in (run_dir, run_dir / LOCK_FILE) if not q.exists()]  # what a refusal takes away again
     lock = lock_run_dir(run_dir, log=log)
     try:
         if not cfg.trainer.resume and not cfg.trainer.get("overwrite", False) and run_dir_holds_run(run_dir):
@@ -298,9 +300,14 @@ def check_run_dir(cfg, log: Callable[[str], None] = print) -> RunDirLock:
                                   "trainer.experiment_name / trainer.default_local_dir")
         if cfg.trainer.resume and not cfg.trainer.get("overwrite", False):
             check_resume_config(cfg, run_dir)
+        if cfg.trainer.get("overwrite", False) and not cfg.trainer.resume:
+            check_overwritable(run_dir)  # deletes nothing: a folder that is not (only) a run is refused
     except BaseException:
         if not held_before:
             lock.release()
+            for q in reversed(made):  # a refused command leaves no lock file (nor directory) it made
+                with contextlib.suppress(OSError):
+                    q.rmdir() if q.is_dir() else q.unlink()
         raise
     return lock
 
@@ -391,10 +398,62 @@ def run_files(out_dir: PathLike) -> List[Path]:
     return sorted(p for p in out_dir.iterdir() if p.name not in (HYDRA_SUBDIR, LOCK_FILE))
 
 
+# what makes a directory recognisably a run of ours (trainer.overwrite=true deletes nothing elsewhere)
+RUN_RECORDS = (METRICS_FILE, CONFIG_FILE, "configs.jsonl", "provenance.json")
+# every name a run of ours writes in its directory: the trainers (both engines), eval.sh, the report, wandb
+_OURS = re.compile(r"^(?:metrics\.jsonl|config\.yaml|configs\.jsonl|provenance\.json|val_generations\.jsonl"
+                   r"|error\.log|checkpoints|wandb|report|eval|eval_[^/]*\.json|latest_checkpointed_iteration\.txt"
+                   r"|(?:\.(?:tmp|del)_)?global_step_\d+"
+                   r"|\.(?:metrics\.jsonl|config\.yaml|configs\.jsonl|provenance\.json|val_generations\.jsonl"
+                   r"|latest_checkpointed_iteration\.txt)\.tmp-\d+|\.ragen_turn_write_probe\w*)$")
+# inside checkpoints/: step directories (staged, being deleted), the pointers and their temp files
+_OURS_IN_CHECKPOINTS = re.compile(r"^(?:(?:\.(?:tmp|del)_)?(?:global_)?step_\d+|latest|last_good"
+                                  r"|\.(?:latest|last_good)\.tmp-\d+)$")
+
+
+def foreign_entries(out_dir: PathLike) -> List[str]:
+    """The entries of ``out_dir`` (and of its ``checkpoints/``) that no run of ours writes, as paths relative to
+    ``out_dir``: what ``trainer.overwrite=true`` must not delete."""
+    out_dir = Path(out_dir)
+    out = []
+    for p in run_files(out_dir):
+        if not _OURS.match(p.name):
+            out.append(p.name)
+        elif p.name == "checkpoints" and p.is_dir() and not p.is_symlink():
+            out += [f"checkpoints/{q.name}" for q in sorted(p.iterdir()) if not _OURS_IN_CHECKPOINTS.match(q.name)]
+    return out
+
+
+def check_overwritable(out_dir: PathLike) -> List[Path]:
+    """``trainer.overwrite=true``: what it will delete in ``out_dir`` (a run's files only). ``ValueError`` (exit 2),
+    deleting nothing, when ``out_dir`` holds anything but a run of ours: a folder without a run's records
+    (:data:`RUN_RECORDS`), or entries no run writes (a mistyped path must not wipe a user's folder)."""
+    out_dir = Path(out_dir)
+    old = run_files(out_dir)
+    if not old:
+        return []
+    key = f"trainer.overwrite=true with trainer.default_local_dir={out_dir}"
+    names = [p.name for p in old]
+    shown = ", ".join(names[:12]) + (f" and {len(names) - 12} more" if len(names) > 12 else "")
+    if not any((out_dir / r).is_file() for r in RUN_RECORDS):
+        raise ValueError(f"{key}: this folder is not a run directory (it has none of {', '.join(RUN_RECORDS)}) "
+                         f"and holds {shown}; nothing was deleted. Point trainer.default_local_dir (or "
+                         "trainer.experiment_name) at a run, or at a new folder")
+    foreign = foreign_entries(out_dir)
+    if foreign:
+        more = f" and {len(foreign) - 12} more" if len(foreign) > 12 else ""
+        raise ValueError(f"{key}: the run directory also holds what no run writes ({', '.join(foreign[:12])}{more})"
+                         "; nothing was deleted. Move those out, or pick another trainer.experiment_name / "
+                         "trainer.default_local_dir")
+    return old
+
+
 def clear_earlier_run(out_dir: PathLike, log: Callable[[str], None] = print) -> None:
     """``trainer.overwrite=true``: delete the earlier run's files (checkpoints, metrics, config, evaluations,
-    wandb) so none is mixed with the new run's. Call it holding the directory's lock (:func:`check_run_dir`)."""
-    old = run_files(out_dir)
+    wandb) so none is mixed with the new run's; only what a run of ours writes, and only in a run directory
+    (:func:`check_overwritable`, else ``ValueError`` and nothing deleted). Call it holding the directory's lock
+    (:func:`check_run_dir`)."""
+    old = check_overwritable(out_dir)
     for p in old:
         shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
     if old:

@@ -115,8 +115,8 @@ class StarPOTrainer:
         self.lock = take_run_dir(cfg, log=log)
         self.ckpt_dir = self.out_dir / "checkpoints"
         ckpt.clean(self.ckpt_dir, log=log)  # what a run killed while writing or deleting a checkpoint left
-        if not cfg.trainer.resume and ckpt.step_dirs(self.ckpt_dir):
-            shutil.rmtree(self.ckpt_dir)
+        if not cfg.trainer.resume and ckpt.step_dirs(self.ckpt_dir):  # its step dirs and pointers only
+            ckpt.remove_all(self.ckpt_dir)
             log(f"[ragen_turn] removed the checkpoints of the earlier run in {self.ckpt_dir} (a fresh start)")
         self.started = time.time()
 

@@ -480,10 +480,7 @@ class StarPOTrainer(RayPPOTrainer):
         log = partial(print, flush=True)
         ckpt.clean(self.out_dir, log=log)
         if self.config.trainer.resume_mode == "disable":
-            old = ckpt.step_dirs(self.out_dir)
-            for p in old:
-                ckpt.remove_dir(p)
-            (self.out_dir / ckpt.VERL_TRACKER).unlink(missing_ok=True)
+            old = ckpt.remove_all(self.out_dir)
             if old:
                 log(f"[ragen_turn] removed the checkpoints of the earlier run in {self.out_dir} (a fresh start)")
             return 0

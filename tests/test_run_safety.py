@@ -1,0 +1,90 @@
+"""Nothing lost, nothing outside the run, nothing unverified loaded (issue #59).
+
+- ``trainer.overwrite=true`` deletes only what a run of ours wrote, and only in a folder that is recognisably a
+  run; anything else stops the command (exit 2) naming the folder and the entries, and nothing is deleted.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers import micro_config
+from ragen_turn.engines.rundir import check_overwritable, clear_earlier_run, take_run_dir
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _train(*args, env=None, timeout=180):
+    return subprocess.run([sys.executable, "-m", "ragen_turn.train", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=str(ROOT), env={**os.environ, **(env or {})})
+
+
+def _tree(d: Path):
+    return sorted(str(p.relative_to(d)) for p in d.rglob("*"))
+
+
+# ------------------------------------------------------------------------------------------------ overwrite
+def test_overwrite_into_a_folder_that_is_no_run_deletes_nothing_and_names_it(tmp_path):
+    """The issue's case: ``mkdir -p D/sub; echo x > D/f``, then overwrite=true used to print "deleted the previous
+    run in D (sub, f)"."""
+    d = tmp_path / "D"
+    (d / "sub").mkdir(parents=True)
+    (d / "f").write_text("x\n")
+    before = _tree(d)
+    with pytest.raises(ValueError) as e:
+        take_run_dir(micro_config(["trainer.overwrite=true"], run_dir=str(d)), log=lambda *_: None)
+    msg = str(e.value)
+    assert str(d) in msg and "not a run directory" in msg and "sub" in msg and "f" in msg, msg
+    assert "nothing was deleted" in msg
+    assert [x for x in _tree(d) if x != "run.lock"] == before and (d / "f").read_text() == "x\n"
+
+
+def test_overwrite_of_a_run_that_also_holds_a_users_files_deletes_nothing_and_names_them(tmp_path):
+    run = tmp_path / "run"
+    (run / "checkpoints" / "step_000002" / "actor").mkdir(parents=True)
+    (run / "metrics.jsonl").write_text('{"step": 0}\n')
+    (run / "config.yaml").write_text("seed: 0\n")
+    (run / "notes.txt").write_text("mine")
+    (run / "checkpoints" / "best_model").mkdir()
+    before = _tree(run)
+    with pytest.raises(ValueError) as e:
+        clear_earlier_run(run, log=lambda *_: None)
+    msg = str(e.value)
+    assert "notes.txt" in msg and "checkpoints/best_model" in msg and str(run) in msg and "nothing was deleted" in msg
+    assert "metrics.jsonl" not in msg.split("holds what no run writes")[1]  # ours are not called foreign
+    assert _tree(run) == before
+    (run / "notes.txt").unlink()
+    (run / "checkpoints" / "best_model").rmdir()
+    assert [p.name for p in check_overwritable(run)] == ["checkpoints", "config.yaml", "metrics.jsonl"]
+
+
+def test_overwrite_deletes_every_file_a_run_of_ours_writes(tmp_path):
+    """Both engines' files, eval.sh's, the report's, wandb's, temp files of atomic writes: a run's own."""
+    run = tmp_path / "run"
+    run.mkdir()
+    for name in ("metrics.jsonl", "config.yaml", "configs.jsonl", "provenance.json", "val_generations.jsonl",
+                 "error.log", "eval_sokoban.json", "latest_checkpointed_iteration.txt", ".metrics.jsonl.tmp-123"):
+        (run / name).write_text("x")
+    for name in ("global_step_3", ".tmp_global_step_4", "wandb", "report", "eval", "hydra",
+                 "checkpoints/step_000001", "checkpoints/.tmp_step_000002"):
+        (run / name).mkdir(parents=True)
+    (run / "checkpoints" / "latest").write_text("step_000001\n")
+    said = []
+    clear_earlier_run(run, log=said.append)
+    assert [p.name for p in run.iterdir()] == ["hydra"] and "deleted the previous run" in said[0]
+
+
+def test_overwrite_into_a_users_folder_through_the_command_is_exit_2_before_any_work(tmp_path):
+    d = tmp_path / "D"
+    (d / "sub").mkdir(parents=True)
+    (d / "f").write_text("x\n")
+    p = _train("env=sokoban", "algo=turn_ppo", "model=tiny", f"trainer.default_local_dir={d}",
+               "trainer.overwrite=true", env={"RAGEN_TURN_CACHE_DIR": str(tmp_path / "cache")})
+    assert p.returncode == 2, p.stderr[-2000:]
+    lines = [x for x in p.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: trainer.overwrite=true") and str(d) in lines[0], p.stderr
+    assert sorted(x.name for x in d.iterdir()) == ["f", "sub"] and not (tmp_path / "cache").exists()
