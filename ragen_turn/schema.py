@@ -319,6 +319,7 @@ class TrainerConfig:
     resume: bool = key()
     resume_from: Optional[str] = key(None, nonempty=True)
     overwrite: bool = key()
+    load_unverified: bool = key(False)  # resume from a checkpoint without checksums (engines/checkpoints.py)
     time_budget_s: Optional[float] = key(None, **POSITIVE)
     max_nonfinite_steps: int = key(**COUNT)
     critic_warmup: int = key(0, **NON_NEGATIVE)  # verl's: no actor update while critic_warmup > step (1-based)

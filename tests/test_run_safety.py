@@ -13,6 +13,9 @@ from pathlib import Path
 import pytest
 
 from helpers import micro_config
+import json
+
+from ragen_turn.engines import checkpoints as ckpt
 from ragen_turn.engines.rundir import check_overwritable, clear_earlier_run, take_run_dir
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -88,3 +91,68 @@ def test_overwrite_into_a_users_folder_through_the_command_is_exit_2_before_any_
     lines = [x for x in p.stderr.splitlines() if x.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: trainer.overwrite=true") and str(d) in lines[0], p.stderr
     assert sorted(x.name for x in d.iterdir()) == ["f", "sub"] and not (tmp_path / "cache").exists()
+
+
+# ------------------------------------------------------------------------------------------ unverified checkpoints
+def _fake_checkpoint(ckpts: Path, step: int) -> Path:
+    """A complete step dir made by the real staging + commit (files are stand-ins)."""
+    tmp = ckpt.begin(ckpts, step)
+    (tmp / "actor").mkdir()
+    (tmp / "actor" / "config.json").write_text("{}")
+    (tmp / "actor" / "model.safetensors").write_bytes(bytes(range(256)))
+    (tmp / "trainer_state.pt").write_bytes(b"x" * (100 + step))
+    return ckpt.commit(tmp, step)
+
+
+def test_a_checkpoint_without_complete_json_is_refused_naming_it_the_verified_one_and_the_key(tmp_path):
+    """The issue's case: complete.json deleted and a weight byte flipped; the resume used to load it as an
+    older-format checkpoint and train on the corrupt weights."""
+    ckpts = tmp_path / "checkpoints"
+    for s in (1, 2):
+        _fake_checkpoint(ckpts, s)
+    step2 = ckpts / "step_000002"
+    (step2 / ckpt.MANIFEST).unlink()
+    w = step2 / "actor" / "model.safetensors"
+    w.write_bytes(bytes([w.read_bytes()[0] ^ 1]) + w.read_bytes()[1:])
+    ckpt.clean(ckpts, log=lambda *_: None)
+    assert step2.is_dir()  # kept: not ours to delete, only not to load
+    for call in (lambda: ckpt.resume_point(ckpts, log=lambda *_: None),
+                 lambda: ckpt.find(ckpts, "step_000002", verify=True),
+                 lambda: ckpt.check_resume_target(ckpts)):
+        with pytest.raises(ckpt.UnverifiedCheckpoint) as e:
+            call()
+        msg = str(e.value)
+        assert str(step2) in msg and "no complete.json" in msg and "step_000001" in msg, msg
+        assert "trainer.load_unverified=true" in msg and "trainer.resume_from=step_000001" in msg, msg
+    said = []
+    assert ckpt.resume_point(ckpts, log=said.append, allow_unverified=True) == step2
+    assert "loading it anyway (trainer.load_unverified=true)" in said[0]
+    assert ckpt.find(ckpts, "step_000001", verify=True).name == "step_000001"  # the verified one still loads
+    with pytest.raises(ckpt.UnverifiedCheckpoint, match="unpickles"):
+        ckpt.check_resume_target(ckpts, engine="verl")
+
+
+def test_a_manifest_entry_outside_its_checkpoint_or_an_unlisted_file_is_not_loadable(tmp_path):
+    ckpts = tmp_path / "checkpoints"
+    for s in (1, 2):
+        _fake_checkpoint(ckpts, s)
+    step2 = ckpts / "step_000002"
+    manifest = step2 / ckpt.MANIFEST
+    good = manifest.read_text()
+    outside = tmp_path / "outside.txt"
+    outside.write_text("host\n")
+    for rel in ("../../../etc/hostname", str(outside), "../../outside.txt"):
+        doc = json.loads(good)
+        doc["files"][rel] = 5
+        doc["sha256"][rel] = "0" * 64
+        manifest.write_text(json.dumps(doc))
+        assert f"lists {rel!r}, outside the checkpoint" in ckpt.incomplete_reason(step2, verify=True)
+        said = []
+        assert ckpt.resume_point(ckpts, log=said.append).name == "step_000001", said
+        assert "outside the checkpoint" in said[0]
+    manifest.write_text(good)
+    (step2 / "actor" / "evil.pt").write_bytes(b"planted")
+    assert "actor/evil.pt is not listed in complete.json" in ckpt.incomplete_reason(step2, verify=True)
+    (step2 / "actor" / "evil.pt").unlink()
+    (step2 / "actor" / "link").symlink_to(outside)
+    assert "actor/link is not listed" in ckpt.incomplete_reason(step2, verify=True)

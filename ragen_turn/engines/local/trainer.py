@@ -785,13 +785,15 @@ class StarPOTrainer:
         fails its checksum or its load is said and the next older one tried. Checkpoints after the loaded step
         are removed."""
         name = self.cfg.trainer.get("resume_from")
+        self.load_unverified = bool(self.cfg.trainer.get("load_unverified", False))
         if name:
-            path = ckpt.find(self.ckpt_dir, name, verify=True)
+            path = ckpt.find(self.ckpt_dir, name, verify=True, allow_unverified=self.load_unverified)
             self._load_state(path)
         else:
             tried: tuple = ()
             while True:
-                path = ckpt.resume_point(self.ckpt_dir, log=self.log, skip=tried)
+                path = ckpt.resume_point(self.ckpt_dir, log=self.log, skip=tried,
+                                         allow_unverified=self.load_unverified)
                 if path is None:
                     if ckpt.step_dirs(self.ckpt_dir):
                         raise FileNotFoundError(

@@ -486,7 +486,8 @@ class StarPOTrainer(RayPPOTrainer):
             return 0
         tried: tuple = ()
         while True:
-            path = ckpt.resume_point(self.out_dir, log=log, pointer=ckpt.VERL_TRACKER, skip=tried)
+            path = ckpt.resume_point(self.out_dir, log=log, pointer=ckpt.VERL_TRACKER, skip=tried, engine="verl",
+                                     allow_unverified=bool(self.rcfg.trainer.get("load_unverified", False)))
             if path is None:
                 if ckpt.step_dirs(self.out_dir):
                     raise FileNotFoundError(f"trainer.resume=true: no checkpoint in {self.out_dir} loads (see the "
