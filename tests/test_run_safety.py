@@ -156,3 +156,64 @@ def test_a_manifest_entry_outside_its_checkpoint_or_an_unlisted_file_is_not_load
     (step2 / "actor" / "evil.pt").unlink()
     (step2 / "actor" / "link").symlink_to(outside)
     assert "actor/link is not listed" in ckpt.incomplete_reason(step2, verify=True)
+
+
+# ------------------------------------------------------------------------------------------------ resume identity
+@pytest.fixture(scope="module")
+def turn_ppo_run(tmp_path_factory):
+    """A finished 1-step turn_ppo run of the micro model, with its checkpoint."""
+    from ragen_turn.engines.local.trainer import build_trainer
+    from ragen_turn.engines.rundir import lock_run_dir
+
+    run = tmp_path_factory.mktemp("identity") / "run"
+    build_trainer(micro_config(["algo=turn_ppo", "trainer.total_training_steps=1", "trainer.save_freq=1",
+                                "trainer.test_freq=0", "trainer.val_before_train=false"], run_dir=run),
+                  log=lambda *_: None).fit()
+    lock_run_dir(run).release()
+    return run
+
+
+def _copy_run(src: Path, dst: Path) -> Path:
+    import shutil
+
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_the_resume_identity_is_read_from_every_record_the_run_keeps(turn_ppo_run, tmp_path):
+    """The issue's case: config.yaml deleted, a grpo resume trained on top of the turn_ppo run (configs.jsonl,
+    which holds the same facts, was not read). Each record alone refuses it; none left refuses it too."""
+    from ragen_turn.engines.rundir import check_run_dir
+
+    run = _copy_run(turn_ppo_run, tmp_path / "run")
+    entry = json.loads((run / "provenance.json").read_text())[-1]
+    assert entry["identity"]["algo.name"] == "turn_ppo" and entry["torch_threads"] >= 1 and entry["cpu"]
+    grpo = micro_config(["algo=grpo", "trainer.resume=true", "trainer.total_training_steps=2"], run_dir=run)
+    for gone, said in (("config.yaml", "configs.jsonl (its last line)"), ("configs.jsonl", "provenance.json")):
+        (run / gone).unlink()
+        with pytest.raises(ValueError) as e:
+            check_run_dir(grpo, log=lambda *_: None)
+        assert "algo.name: turn_ppo -> grpo" in str(e.value) and said in str(e.value), str(e.value)
+    (run / "provenance.json").unlink()
+    with pytest.raises(ValueError) as e:
+        check_run_dir(grpo, log=lambda *_: None)
+    msg = str(e.value)
+    assert "keeps no record of what its run trains" in msg and "config.yaml is missing" in msg, msg
+    assert "configs.jsonl is missing" in msg and "provenance.json is missing" in msg, msg
+    check_run_dir(micro_config(["algo=grpo", "trainer.resume=true", "trainer.overwrite=true"], run_dir=run),
+                  log=lambda *_: None).release()  # overwrite lets it go on
+    fresh = tmp_path / "fresh"  # a resume into a folder with no run: starts fresh, as before
+    check_run_dir(micro_config(["trainer.resume=true"], run_dir=fresh), log=lambda *_: None).release()
+
+
+def test_a_resume_with_another_model_size_is_refused_before_any_model_is_built(turn_ppo_run, tmp_path, monkeypatch):
+    import ragen_turn.engines.local.trainer as trainer
+
+    def built(*a, **k):
+        raise AssertionError("a model was built before the resume check")
+
+    monkeypatch.setattr(trainer, "load_model_and_tokenizer", built)
+    run = _copy_run(turn_ppo_run, tmp_path / "run")
+    with pytest.raises(ValueError, match=r"model.hidden_size: 32 -> 64.*model.intermediate_size: 64 -> 128"):
+        trainer.build_trainer(micro_config(["algo=turn_ppo", "trainer.resume=true", "model.hidden_size=64",
+                                            "model.intermediate_size=128"], run_dir=run), log=lambda *_: None)

@@ -33,7 +33,7 @@ import socket
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Dict, Iterator, List, Optional, Union
+from typing import Callable, Dict, Iterator, List, Optional, Tuple, Union
 
 PathLike = Union[str, os.PathLike]
 LOCK_FILE = "run.lock"
@@ -312,23 +312,46 @@ def check_run_dir(cfg, log: Callable[[str], None] = print) -> RunDirLock:
     return lock
 
 
-# what a run trains: a resume may change how it runs (steps, lr, logging, checkpoints), not these
+# what a run trains: a resume may change how it runs (steps, lr, logging, checkpoints), not these; the model's
+# sizes change the shapes of its weights (checked before any model is built)
 IDENTITY_KEYS = ("algo.name", "env.name", "model.name", "model.path", "seed", "engine.name",
                  "algorithm.adv_estimator", "actor_rollout_ref.actor.policy_loss.loss_mode", "critic.level",
-                 "env.train_tags", "env_module")
+                 "env.train_tags", "env_module", "model.arch", "model.hidden_size", "model.num_hidden_layers",
+                 "model.num_attention_heads", "model.num_key_value_heads", "model.intermediate_size",
+                 "model.tie_word_embeddings")
 CONFIG_FILE = "config.yaml"
+CONFIGS_FILE = "configs.jsonl"
+PROVENANCE_FILE = "provenance.json"
+
+
+def _plain(v):
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(v) if OmegaConf.is_config(v) else v
+
+
+def identity_of(cfg) -> Dict[str, object]:
+    """``{key: value}`` of :data:`IDENTITY_KEYS` in ``cfg`` (what a run's provenance records of what it trains)."""
+    from omegaconf import OmegaConf
+
+    return {k: _plain(OmegaConf.select(cfg, k, default=None)) for k in IDENTITY_KEYS}
+
+
+_ABSENT = object()
 
 
 def resume_config_changes(old, new) -> List[str]:
-    """``key: old -> new`` for each of :data:`IDENTITY_KEYS` that differs between a run's recorded config and a
-    resume's (``model.path`` only when both name one: the verl engine records the resolved directory)."""
+    """``key: old -> new`` for each of :data:`IDENTITY_KEYS` that differs between a run's record (its config, or
+    an :func:`identity_of` dict) and a resume's config; a key the record lacks (an older version's) is not
+    compared, nor ``model.path`` unless both name one (the verl engine records the resolved directory)."""
     from omegaconf import OmegaConf
 
     out = []
     for key in IDENTITY_KEYS:
-        a, b = OmegaConf.select(old, key, default=None), OmegaConf.select(new, key, default=None)
-        a = OmegaConf.to_container(a) if OmegaConf.is_config(a) else a
-        b = OmegaConf.to_container(b) if OmegaConf.is_config(b) else b
+        a = old.get(key, _ABSENT) if isinstance(old, dict) else OmegaConf.select(old, key, default=_ABSENT)
+        if a is _ABSENT:
+            continue
+        a, b = _plain(a), _plain(OmegaConf.select(new, key, default=None))
         if key == "model.path" and (a is None or b is None):
             continue
         if a != b:
@@ -336,25 +359,80 @@ def resume_config_changes(old, new) -> List[str]:
     return out
 
 
-def check_resume_config(cfg, run_dir: PathLike) -> None:
-    """``trainer.resume=true`` into a run whose ``config.yaml`` trains something else (another algorithm, env,
-    model, seed, ...: :data:`IDENTITY_KEYS`) is refused naming the keys (``trainer.overwrite=true`` lets it)."""
+def run_records(run_dir: PathLike) -> Tuple[List[Tuple[str, object]], List[str]]:
+    """What ``run_dir`` keeps of what its run trains: ``[(where, config or identity dict)]`` from ``config.yaml``,
+    the last line of ``configs.jsonl`` and the last entry of ``provenance.json`` that has an ``identity``; and
+    the records missing or unreadable, in words."""
+    import json
+
     from omegaconf import OmegaConf
 
-    path = Path(run_dir) / CONFIG_FILE
-    if not path.is_file():
-        return
+    run_dir = Path(run_dir)
+    found: List[Tuple[str, object]] = []
+    lost: List[str] = []
+    path = run_dir / CONFIG_FILE
     try:
-        old = OmegaConf.load(path)
+        found.append((str(path), OmegaConf.load(path)))
+    except FileNotFoundError:
+        lost.append(f"{CONFIG_FILE} is missing")
     except Exception as e:  # noqa: BLE001 (a torn or hand-edited file: say so, do not guess)
-        raise ValueError(f"trainer.resume=true: {path} cannot be read ({type(e).__name__}: {e}); "
-                         "trainer.overwrite=true lets the resume go on") from None
-    changes = resume_config_changes(old, cfg)
+        lost.append(f"{path} cannot be read ({type(e).__name__}: {str(e).strip().splitlines()[0][:160]})")
+    path = run_dir / CONFIGS_FILE
+    try:
+        lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
+        entry = json.loads(lines[-1])["config"] if lines else None
+        if isinstance(entry, dict):
+            found.append((f"{path} (its last line)", OmegaConf.create(entry)))
+        else:
+            lost.append(f"{CONFIGS_FILE} holds no config")
+    except FileNotFoundError:
+        lost.append(f"{CONFIGS_FILE} is missing")
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
+        lost.append(f"{path}'s last line cannot be read ({type(e).__name__})")
+    path = run_dir / PROVENANCE_FILE
+    try:
+        entries = json.loads(path.read_text())
+        ident = next((e["identity"] for e in reversed(entries) if isinstance(e, dict)
+                      and isinstance(e.get("identity"), dict)), None)
+        if ident is not None:
+            found.append((f"{path} (identity)", ident))
+        else:
+            lost.append(f"{PROVENANCE_FILE} records no identity")
+    except FileNotFoundError:
+        lost.append(f"{PROVENANCE_FILE} is missing")
+    except (ValueError, TypeError, UnicodeDecodeError) as e:
+        lost.append(f"{path} cannot be read ({type(e).__name__})")
+    return found, lost
+
+
+def _holds_checkpoints(run_dir: Path) -> bool:
+    return any(p.is_dir() for p in (*run_dir.glob("checkpoints/step_*"), *run_dir.glob("global_step_*")))
+
+
+def check_resume_config(cfg, run_dir: PathLike) -> None:
+    """``trainer.resume=true`` into a run whose records (``config.yaml``, ``configs.jsonl``, the identity in
+    ``provenance.json``: :func:`run_records`) say it trains something else (another algorithm, env, model or
+    model size, seed, ...: :data:`IDENTITY_KEYS`) is refused naming the keys; so is a resume into a run (metrics
+    or checkpoints) that keeps none of those records (``trainer.overwrite=true`` lets either go on)."""
+    run_dir = Path(run_dir)
+    found, lost = run_records(run_dir)
+    if not found:
+        if run_dir_holds_run(run_dir) or _holds_checkpoints(run_dir):
+            raise ValueError(f"trainer.resume=true: {run_dir} keeps no record of what its run trains "
+                             f"({'; '.join(lost)}), so this resume cannot be checked against it: refused. "
+                             "trainer.overwrite=true starts the run over (or resumes anyway, with trainer.resume=true)")
+        return
+    changes: List[str] = []
+    where: List[str] = []
+    for name, old in found:
+        differs = resume_config_changes(old, cfg)
+        where += [name] if differs else []
+        changes += [c for c in differs if c not in changes]
     if changes:
         raise ValueError(f"trainer.resume=true: this config trains something else than the run in {run_dir} "
-                         f"({'; '.join(changes)}; the run's config: {path}): resume with the run's values, pick "
-                         "another trainer.experiment_name / trainer.default_local_dir, or set trainer.overwrite=true "
-                         "to resume anyway")
+                         f"({'; '.join(changes)}; the run's config: {', '.join(where)}): resume with the run's values, "
+                         "pick another trainer.experiment_name / trainer.default_local_dir, or set "
+                         "trainer.overwrite=true to resume anyway")
 
 
 def run_complete(step: int, total: int) -> bool:
@@ -374,7 +452,7 @@ def record_config(out_dir: PathLike, text: str, step: int) -> None:
 
     out_dir = Path(out_dir)
     atomic_write_text(out_dir / CONFIG_FILE, text)
-    history = out_dir / "configs.jsonl"
+    history = out_dir / CONFIGS_FILE
     entry = {"step": int(step), "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "pid": os.getpid(),
              "config": OmegaConf.to_container(OmegaConf.create(text))}
     line = json.dumps(entry, sort_keys=True) + "\n"

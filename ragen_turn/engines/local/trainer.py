@@ -49,6 +49,7 @@ from ragen_turn.engines.rundir import (
     DiskFull,
     TrainingStopped,
     crash_point,
+    identity_of,
     record_config,
     run_complete,
     take_run_dir,
@@ -179,7 +180,7 @@ class StarPOTrainer:
             truncate_metrics(self.metrics_path, self.step, log=log)  # fresh run: fresh log; resumed: <= step
             truncate_metrics(self.out_dir / GENERATIONS_FILE, self.step, log=log)
             record_config(self.out_dir, OmegaConf.to_yaml(cfg, resolve=True), self.step)  # + configs.jsonl
-            record_provenance(self.out_dir, self.step, self.actor)
+            record_provenance(self.out_dir, self.step, self.actor, identity=identity_of(cfg))
 
     # -------------------------------------------------------------------------------- rollout
     def rollout(self, step: int) -> Trajectory:
