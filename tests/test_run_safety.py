@@ -217,3 +217,26 @@ def test_a_resume_with_another_model_size_is_refused_before_any_model_is_built(t
     with pytest.raises(ValueError, match=r"model.hidden_size: 32 -> 64.*model.intermediate_size: 64 -> 128"):
         trainer.build_trainer(micro_config(["algo=turn_ppo", "trainer.resume=true", "model.hidden_size=64",
                                             "model.intermediate_size=128"], run_dir=run), log=lambda *_: None)
+
+
+# ------------------------------------------------------------------------------------------------ run names
+@pytest.mark.parametrize("name", ["../../escaped_exp", "a/b", "..", ".", "x\\y"])
+def test_a_run_name_that_leaves_runs_dir_is_refused_at_config_time(name):
+    from ragen_turn.config import validate_config
+
+    with pytest.raises(ValueError, match=r"trainer.experiment_name=.*must name one directory under trainer.runs_dir"):
+        validate_config(micro_config([f"trainer.experiment_name={name}"]))
+
+
+def test_the_issues_escaping_name_through_the_command_writes_nothing(tmp_path):
+    runs = tmp_path / "a" / "b" / "runs"
+    p = _train("env=sokoban", "algo=turn_ppo", f"trainer.runs_dir={runs}", "trainer.experiment_name=../../escaped_exp",
+               env={"RAGEN_TURN_CACHE_DIR": str(tmp_path / "cache")})
+    assert p.returncode == 2 and "error: trainer.experiment_name='../../escaped_exp'" in p.stderr, p.stderr[-2000:]
+    assert sorted(x.name for x in tmp_path.iterdir()) == []  # nothing: not runs_dir, not two levels above it
+
+
+def test_an_explicit_default_local_dir_and_a_plain_name_stay_free(tmp_path):
+    from ragen_turn.config import validate_config
+
+    validate_config(micro_config(["trainer.experiment_name=my.run_1..2"], run_dir=str(tmp_path / ".." / "elsewhere")))
