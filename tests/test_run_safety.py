@@ -240,3 +240,69 @@ def test_an_explicit_default_local_dir_and_a_plain_name_stay_free(tmp_path):
     from ragen_turn.config import validate_config
 
     validate_config(micro_config(["trainer.experiment_name=my.run_1..2"], run_dir=str(tmp_path / ".." / "elsewhere")))
+
+
+# ------------------------------------------------------------------------------------------------ no pickle
+class _Planted:
+    """What a planted trainer_state.pt would run on an unpickling load."""
+
+    def __init__(self, marker: str):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.write_text, (Path(self.marker), "code ran"))
+
+
+def test_trainer_state_loads_without_pickle_and_a_planted_one_runs_no_code(turn_ppo_run, tmp_path):
+    """The issue's case: trainer_state.pt was read with torch.load(weights_only=False), so a planted file (with a
+    complete.json made to match it) ran its code on resume. Now the state holds tensors and plain types only, and
+    the planted file fails to load (the resume says so), running nothing."""
+    import hashlib
+
+    import torch
+
+    from ragen_turn.engines.local.trainer import build_trainer
+
+    run = _copy_run(turn_ppo_run, tmp_path / "run")
+    step = run / "checkpoints" / "step_000001"
+    state = torch.load(step / "trainer_state.pt", weights_only=True)  # no allow-list needed
+    assert state["format"] == 2 and state["step"] == 1 and isinstance(state["rng"]["numpy"]["key"], torch.Tensor)
+    marker = tmp_path / "pwned"
+    torch.save({"step": 1, "x": _Planted(str(marker))}, step / "trainer_state.pt")
+    manifest = step / ckpt.MANIFEST
+    doc = json.loads(manifest.read_text())  # a hostile copy: its checksums made to match the planted file
+    doc["files"]["trainer_state.pt"] = (step / "trainer_state.pt").stat().st_size
+    doc["sha256"]["trainer_state.pt"] = hashlib.sha256((step / "trainer_state.pt").read_bytes()).hexdigest()
+    manifest.write_text(json.dumps(doc))
+    said = []
+    with pytest.raises(FileNotFoundError, match="no checkpoint in .* loads"):
+        build_trainer(micro_config(["algo=turn_ppo", "trainer.resume=true", "trainer.total_training_steps=2"],
+                                   run_dir=run), log=said.append)
+    assert not marker.exists()
+    assert any("step_000001 failed to load (UnpicklingError" in s for s in said), said
+
+
+def test_a_format_1_trainer_state_loads_safely_and_restores_the_rng(tmp_path):
+    """Checkpoints written before issue #59 held numpy's RNG state as an ndarray: they load with numpy's array
+    reconstruction allowed and nothing else, and restore every RNG."""
+    import random
+
+    import numpy as np
+    import torch
+
+    from ragen_turn.engines.local.trainer import load_trainer_state, restore_rng_states, rng_states
+
+    random.seed(1), np.random.seed(2), torch.manual_seed(3)
+    old = {"step": 4, "rng": {"python": random.getstate(), "numpy": np.random.get_state(),
+                              "torch": torch.get_rng_state()}}
+    want = (random.random(), np.random.rand(), torch.rand(1).item())
+    torch.save(old, tmp_path / "old.pt")
+    with pytest.raises(Exception, match="Weights only load failed"):
+        torch.load(tmp_path / "old.pt", weights_only=True)
+    restore_rng_states(load_trainer_state(tmp_path / "old.pt")["rng"])
+    assert (random.random(), np.random.rand(), torch.rand(1).item()) == want
+    random.seed(5), np.random.seed(6), torch.manual_seed(7)
+    torch.save({"rng": rng_states()}, tmp_path / "new.pt")
+    want = (random.random(), np.random.rand(), np.random.randn(), torch.rand(1).item())
+    restore_rng_states(torch.load(tmp_path / "new.pt", weights_only=True)["rng"])
+    assert (random.random(), np.random.rand(), np.random.randn(), torch.rand(1).item()) == want

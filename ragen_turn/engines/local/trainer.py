@@ -744,10 +744,8 @@ class StarPOTrainer:
                 crash_point("actor written")
                 self.tokenizer.save_pretrained(tmp / "actor")
                 crash_point("tokenizer written")
-            state = {"step": self.step, "nonfinite_in_a_row": self.nonfinite_in_a_row,
-                     "actor_optim": self.actor_optim.state_dict(),
-                     "rng": {"python": random.getstate(), "numpy": np.random.get_state(),
-                             "torch": torch.get_rng_state()}}
+            state = {"format": TRAINER_STATE_FORMAT, "step": self.step, "nonfinite_in_a_row": self.nonfinite_in_a_row,
+                     "actor_optim": self.actor_optim.state_dict(), "rng": rng_states()}
             with writing(tmp / "critic"):
                 if self.shared_critic:
                     self.critic.save_value_head(tmp / "critic")
@@ -819,7 +817,7 @@ class StarPOTrainer:
         from transformers import AutoModelForCausalLM
 
         loaded = AutoModelForCausalLM.from_pretrained(path / "actor", dtype=self.dtype, local_files_only=True)
-        state = torch.load(path / "trainer_state.pt", weights_only=False)
+        state = load_trainer_state(path / "trainer_state.pt")
         self.actor.load_state_dict(loaded.state_dict())
         self._load_optimizer(self.actor_optim, state["actor_optim"], "actor")
         if self.shared_critic:
@@ -830,9 +828,43 @@ class StarPOTrainer:
             self._load_optimizer(self.critic_optim, state["critic_optim"], "critic")
         self.step = int(state["step"])
         self.nonfinite_in_a_row = int(state["nonfinite_in_a_row"])
-        random.setstate(state["rng"]["python"])
-        np.random.set_state(state["rng"]["numpy"])
-        torch.set_rng_state(state["rng"]["torch"])
+        restore_rng_states(state["rng"])
+
+
+# trainer_state.pt holds tensors and plain types only (loads with torch.load(weights_only=True): no pickle from a
+# run dir); format 1 (before issue #59) held numpy's RNG state as an ndarray, which loads with numpy's array
+# reconstruction allowed (NUMPY_ARRAY_GLOBALS) and nothing else
+TRAINER_STATE_FORMAT = 2
+
+
+def rng_states() -> Dict[str, Any]:
+    """Python's, numpy's and torch's global RNG states as tensors and plain types (``weights_only`` loadable)."""
+    name, key, pos, has_gauss, cached = np.random.get_state()
+    return {"python": random.getstate(), "torch": torch.get_rng_state(),
+            "numpy": {"name": str(name), "key": torch.from_numpy(key.astype(np.int64)), "pos": int(pos),
+                      "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}}
+
+
+def restore_rng_states(rng: Dict[str, Any]) -> None:
+    """Set the global RNGs from :func:`rng_states` (or a format-1 state: numpy's tuple)."""
+    random.setstate(tuple(rng["python"][:1]) + (tuple(rng["python"][1]),) + tuple(rng["python"][2:]))
+    n = rng["numpy"]
+    if isinstance(n, dict):
+        n = (n["name"], n["key"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"])
+    np.random.set_state(n)
+    torch.set_rng_state(rng["torch"])
+
+
+def _numpy_array_globals() -> list:
+    core = getattr(np, "_core", None) or np.core
+    return [core.multiarray._reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+
+
+def load_trainer_state(path: Path) -> Dict[str, Any]:
+    """``trainer_state.pt`` with ``torch.load(weights_only=True)``: tensors and plain types, never code. A format-1
+    file (numpy's RNG state as an ndarray) loads with numpy's array reconstruction allowed and nothing else."""
+    with torch.serialization.safe_globals(_numpy_array_globals()):
+        return torch.load(path, weights_only=True)
 
 
 def warmup_lr_factor(optim_cfg, index: int, total_steps: int) -> float:
