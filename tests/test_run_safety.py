@@ -306,3 +306,44 @@ def test_a_format_1_trainer_state_loads_safely_and_restores_the_rng(tmp_path):
     want = (random.random(), np.random.rand(), np.random.randn(), torch.rand(1).item())
     restore_rng_states(torch.load(tmp_path / "new.pt", weights_only=True)["rng"])
     assert (random.random(), np.random.rand(), np.random.randn(), torch.rand(1).item()) == want
+
+
+# ------------------------------------------------------------------------------------------------ advice that works
+def test_the_command_a_dead_worker_message_proposes_runs_and_resumes(tmp_path, monkeypatch):
+    """The issue's case: after a worker died before the first checkpoint, the verl engine said "start it again",
+    and the same command exits 2 ("already holds a run"). The message's command (engines.verl.run_failure, shared
+    with any engine: it only names the run dir and resume) now runs: it starts over when no checkpoint was
+    written, and continues from the newest one otherwise."""
+    import shlex
+
+    from ragen_turn.engines.rundir import RunAborted
+    from ragen_turn.engines.verl import run_failure
+    from helpers import MICRO_MODEL
+
+    run = tmp_path / "run"
+    args = ["env=sokoban", "algo=grpo", "model=tiny", *MICRO_MODEL, "es_manager.train.env_groups=2",
+            "es_manager.train.group_size=2", "es_manager.val.env_groups=2", "agent_proxy.max_turn=2",
+            "actor_rollout_ref.rollout.response_length=8", "ppo_mini_batch_size=2", "micro_batch_size_per_gpu=2",
+            "trainer.total_training_steps=1", "trainer.test_freq=0", "device=cpu", f"trainer.default_local_dir={run}"]
+    first = _train(*args)
+    assert first.returncode == 0, first.stderr[-2000:]
+    import shutil
+
+    shutil.rmtree(run / "checkpoints")  # as a run whose worker died before its first checkpoint leaves it
+    again = _train(*args)
+    assert again.returncode == 2 and "already holds a run" in again.stderr  # "start it again" did not work
+
+    class ActorDiedError(Exception):
+        pass
+
+    monkeypatch.setattr(sys, "argv", ["train.py", *args])
+    died = ActorDiedError("The actor died unexpectedly.\n\tclass_name: WorkerDict\n\tpid: 4242")
+    msg = str(run_failure(died, run))
+    assert isinstance(run_failure(died, run), RunAborted) and "no checkpoint was written" in msg, msg
+    command = shlex.split(msg.split("start the run over with: ", 1)[1])
+    assert command[-1] == "trainer.resume=true"
+    ran = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=str(tmp_path))  # any directory
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    assert "starting fresh" in ran.stdout and (run / "checkpoints" / "step_000001").is_dir(), ran.stdout[-2000:]
+    steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [0, 1], steps
