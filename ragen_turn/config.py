@@ -325,6 +325,17 @@ def _device(cfg: DictConfig) -> List[str]:
     return []
 
 
+def _lengths(cfg: DictConfig) -> List[str]:
+    """A response must fit the context with at least one prompt token (the exact check, which needs the
+    tokenizer, runs when it loads: ``rollout.context.check_context_fits``); this one runs before anything is
+    copied into the cache or the run directory."""
+    r, m = cfg.actor_rollout_ref.rollout.response_length, cfg.agent_proxy.max_context_tokens
+    if r >= m:
+        return [f"actor_rollout_ref.rollout.response_length={r}: must be < agent_proxy.max_context_tokens={m} (a "
+                "turn's prompt and its response share the context)"]
+    return []
+
+
 def _run_name(cfg: DictConfig) -> List[str]:
     """``trainer.experiment_name`` names one directory under ``trainer.runs_dir``: no path separator, not ``.`` or
     ``..`` (``../../x`` wrote two levels above the runs). An explicit ``trainer.default_local_dir`` stays free."""
@@ -337,7 +348,7 @@ def _run_name(cfg: DictConfig) -> List[str]:
     return []
 
 
-CROSS_CHECKS = (_algorithm_pieces, _batches, _rollout_filter, _env_splits, _tiny_model, _device, _run_name)
+CROSS_CHECKS = (_algorithm_pieces, _batches, _rollout_filter, _env_splits, _tiny_model, _device, _lengths, _run_name)
 
 
 def env_config_lines(cfg: DictConfig) -> List[str]:

@@ -347,3 +347,29 @@ def test_the_command_a_dead_worker_message_proposes_runs_and_resumes(tmp_path, m
     assert "starting fresh" in ran.stdout and (run / "checkpoints" / "step_000001").is_dir(), ran.stdout[-2000:]
     steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert steps == [0, 1], steps
+
+
+# ------------------------------------------------------------------------------------------------ checks first
+@pytest.mark.parametrize("args,said", [
+    (["env=sokoban", "algo=turn_ppo", "actor_rollout_ref.rollout.response_length=1000000000"],
+     "error: actor_rollout_ref.rollout.response_length=1000000000: must be"),
+    (["env=sokoban", "algo=turn_ppo", "trainer.total_training_steps=99999999999999999999"],
+     "error: trainer.total_training_steps=99999999999999999999: must be in [0, 10000000]"),
+    (["env=", "algo=turn_ppo"], "error: env=: names no config (env choices: bandit"),
+    (["env=sokoban", "algo=turn_ppo", "env_module="], "error: env_module='': names no module"),
+    (["env=sokoban", "algo=turn_ppo", "env_module=''"], "error: env_module='': names no module"),
+])
+def test_bad_values_stop_before_anything_is_copied_or_written(tmp_path, args, said):
+    """The issue's cases: response_length=1e9 copied the model and warm start into the cache before its error; a
+    20-digit step count trained until killed; an empty env name got Hydra's own message; env_module='' was
+    silently no module."""
+    run, cache = tmp_path / "run", tmp_path / "cache"
+    p = _train(*args, f"trainer.default_local_dir={run}", env={"RAGEN_TURN_CACHE_DIR": str(cache)}, timeout=120)
+    lines = [x for x in p.stderr.splitlines() if x.strip()]
+    assert p.returncode == 2 and len(lines) == 1 and lines[0].startswith(said), p.stderr[-2000:]
+    assert not run.exists() and not cache.exists()
+
+
+def test_train_sh_with_an_empty_env_name_is_the_projects_error_line():
+    p = subprocess.run(["bash", "train.sh", "", "turn_ppo"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert p.returncode == 2 and p.stderr.startswith("error: env=: names no config"), p.stderr[-2000:]
