@@ -373,3 +373,23 @@ def test_bad_values_stop_before_anything_is_copied_or_written(tmp_path, args, sa
 def test_train_sh_with_an_empty_env_name_is_the_projects_error_line():
     p = subprocess.run(["bash", "train.sh", "", "turn_ppo"], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert p.returncode == 2 and p.stderr.startswith("error: env=: names no config"), p.stderr[-2000:]
+
+
+# ------------------------------------------------------------------------------------------------ update progress
+def test_an_update_says_where_it_is_while_it_runs(monkeypatch, tmp_path):
+    """The issue: the update phase printed nothing for minutes (the rollout prints a line every 30 s). Now the
+    update does too, between its mini-batches (every line here: the interval set to 0)."""
+    import ragen_turn.engines.local.trainer as trainer
+
+    monkeypatch.setattr(trainer, "UPDATE_PROGRESS_S", 0.0)
+    said = []
+    trainer.build_trainer(micro_config(["algo=turn_ppo", "trainer.total_training_steps=1", "ppo_epochs=2",
+                                        "trainer.val_before_train=false"], run_dir=tmp_path), log=said.append).fit()
+    lines = [s for s in said if s.startswith("[update]")]
+    # 4 episodes, mini-batches of 2, 2 epochs: 4 mini-batches, a line before each but the first (critic and actor)
+    assert [x.split(": ", 1)[1].split(" (")[0] for x in lines if ": actor " in x] == \
+        [f"actor {i}/4 mini-batches done" for i in (1, 2, 3)], lines
+    assert all(x.startswith("[update] step 1: ") and "ETA" in x for x in lines), lines
+    assert "(epoch 2/2)" in lines[-1]
+    first_step_line = next(i for i, s in enumerate(said) if s.lstrip().startswith("step    1/1"))
+    assert said.index(lines[-1]) < first_step_line  # printed while the update runs, not at the end

@@ -96,6 +96,7 @@ def evaluate_policy(model, tokenizer, cfg: DictConfig, envs: EnvGroupManager, de
 
 
 ROLLOUT_PROGRESS_S = 30.0  # a training rollout's progress line at most this often (none in a shorter rollout)
+UPDATE_PROGRESS_S = 30.0  # the same for an update (its mini-batches), which can take minutes too
 
 
 # ------------------------------------------------------------------------------------------------
@@ -315,8 +316,15 @@ class StarPOTrainer:
         self.update_trace[prefix] = trace
         skipped = 0
         stopped = False
+        per_epoch = -(-batch.batch_size // self.cfg.ppo_mini_batch_size)
+        done, t0 = 0, time.time()
+        progress = throttled(self.log, UPDATE_PROGRESS_S)  # as the rollout's: where it is, every 30 s
         for epoch in range(epochs):
             for mini in self._minibatches(batch.batch_size, epoch):
+                if done:
+                    progress(f"[update] step {self.step + 1}: {prefix} {done}/{epochs * per_epoch} mini-batches done "
+                             f"(epoch {epoch + 1}/{epochs}), {eta(done, epochs * per_epoch, time.time() - t0)}")
+                done += 1
                 optim.zero_grad(set_to_none=True)
                 metrics = self._accumulate(batch.select(mini), loss_of, stats_of)
                 if metrics is not None and target_kl is not None and \
