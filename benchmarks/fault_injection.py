@@ -8,13 +8,17 @@ step, no warm start), kills one piece while it trains, then checks:
   workers' output there);
 - ``left after 10 s``: processes of the run still alive 10 s after the command ended, and whether its private
   temp dir (Ray's session folder inside) is still there;
-- ``resume = uninterrupted``: ``trainer.resume=true`` finishes the run and its ``metrics.jsonl`` (timings left out)
-  equals an uninterrupted run's.
+- ``resume = uninterrupted``: the command the error line proposes (issue #59; ``trainer.resume=true`` after a driver
+  kill, which prints nothing), run from another directory, finishes the run and its ``metrics.jsonl`` (timings left
+  out) equals an uninterrupted run's.
 
 Cases: ``worker`` (kill -9 of an FSDP worker, ``ray::WorkerDict``), ``rollout`` (kill -9 of the hf rollout server,
 ``ray::HFServer``), ``driver`` (kill -9 of the train command), ``ckpt_window`` (the task runner, which runs the
 training loop, killed by ``RAGEN_TURN_CRASH_AT`` at checkpoint 2's first file: the step's metrics line is written,
-its checkpoint is not).
+its checkpoint is not), ``first_ckpt_window`` (the same at checkpoint 1: no checkpoint yet, so the line proposes the
+command that starts the run over; before issue #59 it said "start it again" and that command exited 2 "already
+holds a run"), ``unverified`` (a copy of the uninterrupted run whose newest checkpoint lost its ``complete.json``:
+the resume must be refused, exit 2 before Ray, naming it and ``trainer.load_unverified=true``).
 
     .venv-verl/bin/python benchmarks/fault_injection.py [--cases worker,driver] [--out FILE]
 
@@ -117,13 +121,29 @@ def finish(p: subprocess.Popen, log, tmp: Optional[str], t_kill: float) -> Dict:
             "tmp_left": bool(tmp and os.path.exists(tmp))}
 
 
-def resume_equal(run_dir: Path, ref: List[Dict]) -> Dict:
-    p, log = start(run_dir, ("trainer.resume=true",))
+def proposed_command(error: str) -> Optional[List[str]]:
+    """The command the run's error line proposes (after ``with: ``), split as a shell would (issue #59: the
+    benchmark runs what the message says, not a command of its own)."""
+    import shlex
+
+    _, sep, cmd = error.partition(" with: ")
+    return shlex.split(cmd) if sep else None
+
+
+def resume_equal(run_dir: Path, ref: List[Dict], error: str = "") -> Dict:
+    command = proposed_command(error)
+    if command is None:
+        p, log = start(run_dir, ("trainer.resume=true",))
+    else:  # from another directory: the command must hold everything it needs
+        log = open(run_dir.parent / f"{run_dir.name}.log", "ab")
+        p = subprocess.Popen(command, cwd=tempfile.gettempdir(), stdout=log, stderr=subprocess.PIPE,
+                             env={**os.environ, "OMP_NUM_THREADS": "1"})
     _, err = p.communicate(timeout=TIMEOUT_S)
     log.close()
     ok = p.returncode == 0 and metrics(run_dir) == ref
-    return {"resume_rc": p.returncode, "resume_equal": ok,
-            "resume_steps": steps_logged(run_dir), "resume_err": err.decode(errors="replace")[-300:] if not ok else ""}
+    return {"resume_rc": p.returncode, "resume_equal": ok, "resumed_with": "the proposed command" if command else
+            "trainer.resume=true", "resume_steps": steps_logged(run_dir),
+            "resume_err": err.decode(errors="replace")[-300:] if not ok else ""}
 
 
 def case_kill_actor(root: Path, ref: List[Dict], title: str) -> Dict:
@@ -138,7 +158,7 @@ def case_kill_actor(root: Path, ref: List[Dict], title: str) -> Dict:
     t = time.time()
     os.kill(pids[0], signal.SIGKILL)
     out = finish(p, log, tmp, t)
-    return {**out, **resume_equal(run_dir, ref)}
+    return {**out, **resume_equal(run_dir, ref, out["error"])}
 
 
 def case_driver(root: Path, ref: List[Dict]) -> Dict:
@@ -153,14 +173,34 @@ def case_driver(root: Path, ref: List[Dict]) -> Dict:
     return {**out, **resume_equal(run_dir, ref)}
 
 
-def case_ckpt_window(root: Path, ref: List[Dict], crash_at: int) -> Dict:
-    run_dir = root / "ckpt_window"
+def case_ckpt_window(root: Path, ref: List[Dict], crash_at: int, name: str = "ckpt_window") -> Dict:
+    run_dir = root / name
     p, log = start(run_dir, env={"RAGEN_TURN_CRASH_AT": str(crash_at)})
     tmp = private_dir(root / f"{run_dir.name}.log")
     out = finish(p, log, tmp, time.time())
     out["exit_s"] = None
     out["steps_before_resume"] = steps_logged(run_dir)
-    return {**out, **resume_equal(run_dir, ref)}
+    return {**out, **resume_equal(run_dir, ref, out["error"])}
+
+
+def case_unverified(root: Path, ref_dir: Path) -> Dict:
+    """Issue #59: a copy of the reference run whose newest checkpoint lost its complete.json: the resume is
+    refused (exit 2, before Ray) naming it, the newest verified checkpoint and trainer.load_unverified=true."""
+    import shutil
+
+    run_dir = root / "unverified"
+    shutil.copytree(ref_dir, run_dir, ignore=shutil.ignore_patterns("run.lock"))
+    newest = sorted(run_dir.glob("global_step_*"), key=lambda q: int(q.name.split("_")[-1]))[-1]
+    (newest / "complete.json").unlink()
+    t = time.time()
+    p, log = start(run_dir, ("trainer.resume=true", "trainer.total_training_steps=4"))
+    _, err = p.communicate(timeout=TIMEOUT_S)
+    log.close()
+    lines = [x for x in err.decode(errors="replace").splitlines() if x.strip()]
+    said = lines[-1] if lines else ""
+    named = newest.name in said and "trainer.load_unverified=true" in said and "unpickles" in said
+    return {"rc": p.returncode, "exit_s": round(time.time() - t, 1), "tracebacks": said.count("Traceback"),
+            "error": said, "left_procs": 0, "tmp_left": False, "resume_equal": p.returncode == 2 and named}
 
 
 def crash_index(crash_log: Path, label: str = "actor written", nth: int = 2) -> int:
@@ -188,7 +228,7 @@ def table(rows: Dict[str, Dict]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--cases", default="worker,rollout,driver,ckpt_window")
+    ap.add_argument("--cases", default="worker,rollout,driver,ckpt_window,first_ckpt_window,unverified")
     ap.add_argument("--out", default=None)
     ap.add_argument("--reference", default=None, help="the root of an earlier run of this script: reuse its "
                     "uninterrupted run (reference/, crash_points.log)")
@@ -219,6 +259,11 @@ def main() -> None:
         elif case == "ckpt_window":
             rows["task runner killed between step 2's metrics line and its checkpoint"] = \
                 case_ckpt_window(root, ref, crash_index(crash_log))
+        elif case == "first_ckpt_window":  # issue #59: no checkpoint yet; the line proposes a command that starts over
+            rows["task runner killed between step 1's metrics line and the first checkpoint"] = \
+                case_ckpt_window(root, ref, crash_index(crash_log, nth=1), "first_ckpt_window")
+        elif case == "unverified":  # issue #59 (seconds: refused before Ray; "resume" column: refused as it should)
+            rows["resume when the newest checkpoint lost its complete.json"] = case_unverified(root, ref_dir)
         print(f"[faults] {case}: {time.time() - t:.0f} s: {json.dumps(list(rows.values())[-1])}", flush=True)
     text = table(rows)
     print(text)

@@ -63,12 +63,18 @@ except ImportError as e:
 
 def import_env_modules(modules: str | Iterable[str] | None) -> list:
     """Import the modules named by ``env_module`` (one name, a comma-separated string or a list); each
-    registers its envs when imported. A module that cannot be imported is a ``ValueError`` naming it."""
-    if not modules:
+    registers its envs when imported. Importing runs the module's code: it must be code you trust. A module that
+    cannot be imported is a ``ValueError`` naming it; so is a value that names no module (``env_module=''``,
+    an empty name in a list): leave the key out (null) for none."""
+    if modules is None:
         return []
+    given = modules
     if isinstance(modules, str):
         modules = [m for m in modules.split(",")]
-    names = [str(m).strip() for m in modules if str(m).strip()]
+    names = [str(m).strip() for m in modules]
+    if not names or not all(names):
+        raise ValueError(f"env_module={given!r}: names no module (an empty name); leave env_module out (or set "
+                         "env_module=null) for none, or name the importable module(s) that register your envs")
     for name in names:
         try:
             importlib.import_module(name)

@@ -124,7 +124,9 @@ def prepare_envs(overrides: list[str]) -> None:
 
     from ragen_turn.envs import REGISTERED_ENVS, import_env_modules
 
-    import_env_modules(_env_modules_in(list(overrides)))
+    given = _env_modules_in(list(overrides))  # an empty name is left to the config check (an error line)
+    if given:
+        import_env_modules(given)
     cs = ConfigStore.instance()
     dirs = [Path(CONFIG_DIR), *_searchpath_dirs(list(overrides))]
     for name in REGISTERED_ENVS:  # a group file of that name (here or on hydra.searchpath) is the env's entry
@@ -163,7 +165,9 @@ def check_group_choices(overrides: list[str], dirs: list[Path] = ()) -> None:
             continue
         known = group_choices(group, dirs)
         for name in (v.strip().strip("'\"") for v in value.split(",")):
-            if name and name != "null" and name not in known:
+            if not name:
+                raise ValueError(f"{group}={value}: names no config ({group} choices: {', '.join(known)})")
+            if name != "null" and name not in known:
                 where = f"config/{group}/{name}.yaml" + (" (nor an env registered by env_module=)"
                                                          if group == "env" else "")
                 raise ValueError(f"{group}={name}: no {where}{did_you_mean(name, known, group + '=')} "

@@ -8,6 +8,7 @@ ones that read several keys.
 """
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass
 from importlib.util import find_spec
@@ -324,7 +325,30 @@ def _device(cfg: DictConfig) -> List[str]:
     return []
 
 
-CROSS_CHECKS = (_algorithm_pieces, _batches, _rollout_filter, _env_splits, _tiny_model, _device)
+def _lengths(cfg: DictConfig) -> List[str]:
+    """A response must fit the context with at least one prompt token (the exact check, which needs the
+    tokenizer, runs when it loads: ``rollout.context.check_context_fits``); this one runs before anything is
+    copied into the cache or the run directory."""
+    r, m = cfg.actor_rollout_ref.rollout.response_length, cfg.agent_proxy.max_context_tokens
+    if r >= m:
+        return [f"actor_rollout_ref.rollout.response_length={r}: must be < agent_proxy.max_context_tokens={m} (a "
+                "turn's prompt and its response share the context)"]
+    return []
+
+
+def _run_name(cfg: DictConfig) -> List[str]:
+    """``trainer.experiment_name`` names one directory under ``trainer.runs_dir``: no path separator, not ``.`` or
+    ``..`` (``../../x`` wrote two levels above the runs). An explicit ``trainer.default_local_dir`` stays free."""
+    name = str(cfg.trainer.experiment_name)
+    seps = [s for s in ("/", "\\", os.sep, os.altsep) if s and s in name]
+    if seps or name in (".", "..") or "\0" in name:
+        return [f"trainer.experiment_name={name!r}: must name one directory under trainer.runs_dir (no "
+                f"{'path separator ' + repr(seps[0]) if seps else repr(name)}); to write a run elsewhere, set "
+                "trainer.default_local_dir=<dir>"]
+    return []
+
+
+CROSS_CHECKS = (_algorithm_pieces, _batches, _rollout_filter, _env_splits, _tiny_model, _device, _lengths, _run_name)
 
 
 def env_config_lines(cfg: DictConfig) -> List[str]:

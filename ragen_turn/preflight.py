@@ -37,8 +37,11 @@ def preflight(cfg: DictConfig) -> None:
         from ragen_turn.engines.verl import check_config
 
         check_config(cfg)
-    if cfg.trainer.resume and cfg.trainer.get("resume_from"):  # the checkpoint named is there and complete
-        checkpoints.find(Path(cfg.trainer.default_local_dir) / "checkpoints", str(cfg.trainer.resume_from))
+    if cfg.trainer.resume and not cfg.trainer.get("overwrite", False):  # the checkpoint to load is there,
+        out = Path(cfg.trainer.default_local_dir)                         # complete, and verifiable
+        checkpoints.check_resume_target(out if cfg.engine.name == "verl" else out / "checkpoints",
+                                        cfg.trainer.get("resume_from"), bool(cfg.trainer.get("load_unverified")),
+                                        cfg.engine.name)
     check_run_dir(cfg)
 
 

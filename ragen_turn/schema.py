@@ -99,6 +99,12 @@ UNIT = dict(ge=0.0, le=1.0)
 POSITIVE = dict(gt=0)
 COUNT = dict(ge=1)
 NON_NEGATIVE = dict(ge=0)
+# sane maxima: a value past these is a typo (trainer.total_training_steps=99999999999999999999 trained until killed;
+# response_length=1000000000 copied the model into the cache before the context check refused it)
+STEPS = dict(ge=0, le=10_000_000)
+TOKENS = dict(ge=1, le=1_000_000)  # a length in tokens
+TURNS = dict(ge=1, le=10_000)  # turns, actions, epochs
+EPISODES = dict(ge=1, le=1_000_000)  # env groups, episodes per group
 
 
 def _adv_estimators() -> List[str]:
@@ -140,8 +146,8 @@ class EnvConfigsConfig:
 
 @dataclass
 class SplitConfig:
-    env_groups: int = key(**COUNT)
-    group_size: int = key(**COUNT)
+    env_groups: int = key(**EPISODES)
+    group_size: int = key(**EPISODES)
     env_configs: EnvConfigsConfig = section(EnvConfigsConfig)
     seeds: str = key("heldout", choices=("heldout", "dev"))  # val: heldout, or dev (a second range for tuning)
 
@@ -161,11 +167,11 @@ class RewardNormalizationConfig:
 
 @dataclass
 class AgentProxyConfig:
-    max_turn: int = key(**COUNT)
+    max_turn: int = key(**TURNS)
     action_sep: str = key(nonempty=True)
-    max_actions_per_turn: int = key(**COUNT)
+    max_actions_per_turn: int = key(**TURNS)
     enable_think: bool = key()
-    max_context_tokens: int = key(**COUNT)
+    max_context_tokens: int = key(**TOKENS)
     include_env_instruction: bool = key()
     use_turn_scores: bool = key()
     reward_normalization: RewardNormalizationConfig = section(RewardNormalizationConfig)
@@ -175,7 +181,7 @@ class AgentProxyConfig:
 class RolloutConfig:
     temperature: float = key(**POSITIVE)
     top_p: float = key(gt=0, le=1)
-    response_length: int = key(**COUNT)
+    response_length: int = key(**TOKENS)
     val_temperature: float = key(**NON_NEGATIVE)  # 0 = greedy
     rollout_filter_ratio: float = key(gt=0)  # the filter's value (RAGEN's rollout_filter_value); per strategy below
     rollout_filter_strategy: Optional[str] = key(None, choices=("top_p", "top_k", "top_k_abs", "min_p"))
@@ -222,7 +228,7 @@ class ActorConfig:
     use_kl_loss: bool = key()
     kl_loss_coef: float = key(**NON_NEGATIVE)
     kl_loss_type: str = key(choices=("kl", "abs", "mse", "low_var_kl"))
-    ppo_epochs: int = key(**COUNT)
+    ppo_epochs: int = key(**TURNS)
     grad_clip: float = key(**NON_NEGATIVE)  # 0 = no clipping
     max_update_kl: Optional[float] = key(None, **POSITIVE)  # null = no update-size guard
     target_kl: Optional[float] = key(None, **POSITIVE)  # null = no early stop (CleanRL's / SB3's target_kl)
@@ -252,7 +258,7 @@ class CriticConfig:
     vf_coef: float = key(**NON_NEGATIVE)
     cliprange_value: float = key(**POSITIVE)
     grad_clip: float = key(**NON_NEGATIVE)
-    ppo_epochs: int = key(**COUNT)
+    ppo_epochs: int = key(**TURNS)
     optim: CriticOptimConfig = section(CriticOptimConfig)
 
 
@@ -309,7 +315,7 @@ class CustomEnvConfig:
 
 @dataclass
 class TrainerConfig:
-    total_training_steps: int = key(**NON_NEGATIVE)
+    total_training_steps: int = key(**STEPS)
     experiment_name: str = key(nonempty=True)
     runs_dir: str = key("runs", nonempty=True)  # where runs go ($RAGEN_TURN_RUNS_DIR)
     default_local_dir: str = key(nonempty=True)  # writable: checked before the run (engines/rundir.py)
@@ -319,6 +325,7 @@ class TrainerConfig:
     resume: bool = key()
     resume_from: Optional[str] = key(None, nonempty=True)
     overwrite: bool = key()
+    load_unverified: bool = key(False)  # resume from a checkpoint without checksums (engines/checkpoints.py)
     time_budget_s: Optional[float] = key(None, **POSITIVE)
     max_nonfinite_steps: int = key(**COUNT)
     critic_warmup: int = key(0, **NON_NEGATIVE)  # verl's: no actor update while critic_warmup > step (1-based)
@@ -381,7 +388,7 @@ class VerlEngineConfig:
     strategy: Optional[str] = key(None, choices=("fsdp", "fsdp2", "megatron"))  # null: fsdp2 on cpu, fsdp on cuda
     rollout_tp: int = key(**COUNT)
     gpu_memory_utilization: float = key(gt=0, le=1)
-    prompt_length: int = key(**COUNT)
+    prompt_length: int = key(**TOKENS)
     agent_num_workers: Optional[int] = key(None, **COUNT)  # null: 1 on cpu, 8 on cuda
     env_threads: int = key(**COUNT)
     gradient_checkpointing: Optional[bool] = key(None)  # null: on for cuda, off on cpu
@@ -424,7 +431,7 @@ class RunConfig:
     model_path: Optional[str] = key(None, exists=True)  # RAGEN's key: same as model.path
     ppo_mini_batch_size: int = key(**COUNT)
     micro_batch_size_per_gpu: int = key(**COUNT)
-    ppo_epochs: int = key(**COUNT)
+    ppo_epochs: int = key(**TURNS)
     es_manager: EsManagerConfig = section(EsManagerConfig)
     agent_proxy: AgentProxyConfig = section(AgentProxyConfig)
     actor_rollout_ref: ActorRolloutRefConfig = section(ActorRolloutRefConfig)

@@ -219,9 +219,17 @@ def test_a_local_resume_from_a_corrupt_checkpoint_loads_the_one_before(tmp_path)
     manifest.write_text(json.dumps(doc))
     state = ckpts / "step_000002" / "trainer_state.pt"
     state.write_bytes(bytes(state.stat().st_size))
+    # issue #59: a checkpoint whose files cannot be verified is refused, naming the key that loads it knowingly
+    from ragen_turn.engines.rundir import lock_run_dir
+
+    with pytest.raises(ckpt.UnverifiedCheckpoint, match="step_000002 is unverified .*no sha256.*newest verified "
+                                                        "checkpoint is step_000001.*trainer.load_unverified=true"):
+        build_trainer(micro_config(common + ["trainer.total_training_steps=3", "trainer.resume=true"],
+                                   run_dir=tmp_path), log=lambda *_: None)
+    lock_run_dir(tmp_path).release()
     said = []
-    tr = build_trainer(micro_config(common + ["trainer.total_training_steps=3", "trainer.resume=true"],
-                                    run_dir=tmp_path), log=said.append)
+    tr = build_trainer(micro_config(common + ["trainer.total_training_steps=3", "trainer.resume=true",
+                                              "trainer.load_unverified=true"], run_dir=tmp_path), log=said.append)
     assert tr.step == 1, said
     text = "\n".join(said)
     assert "step_000003 is not loadable: trainer_state.pt does not match its sha256" in text, text

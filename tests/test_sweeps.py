@@ -22,7 +22,7 @@ from ragen_turn.compose import CONFIG_DIR, compose_config
 ROOT = Path(__file__).resolve().parent.parent
 MODEL_DIR = ROOT / "config"  # an existing directory standing in for model.path (configs are only composed here)
 SWEEPS = {  # name -> (overrides as documented in the sweep file, jobs)
-    "algos": (["env=sokoban", "+sweep=algos"], 24),
+    "algos": (["env=sokoban", "+sweep=algos"], 30),
     "compare": (["env=sokoban", "+setting=long_horizon", "+sweep=compare"], 35),
     "gamma_lambda": (["env=sokoban", "algo=turn_ppo", "+sweep=gamma_lambda"], 48),
     "batch_design": (["env=sokoban", "algo=turn_ppo", "+sweep=batch_design"], 48),
@@ -35,7 +35,7 @@ SQA_DATA = ROOT / "envs" / "search_qa" / "data"  # stand-ins for the user's file
 STPPO_DATA = [f"paper_data.corpus_path={SQA_DATA / 'corpus.jsonl.gz'}",
               f"paper_data.train_path={SQA_DATA / 'train.jsonl.gz'}",
               f"paper_data.val_path={SQA_DATA / 'val.jsonl.gz'}"]
-ALGOS = ["grpo", "token_ppo", "bi_level_gae", "turn_ppo", "turn_ppo_geo", "turn_is", "s_ppo", "st_ppo"]
+ALGOS = sorted(p.stem for p in (ROOT / "config" / "algo").glob("*.yaml"))  # the sweep lists them all (issue #59)
 
 
 def test_every_sweep_and_paper_file_is_tested():
@@ -132,7 +132,7 @@ def test_sweep_expands_to_distinct_valid_jobs(name):
 
 def test_sweep_lists_can_be_narrowed_on_the_command_line():
     # train.sh passes algo=...: a list there replaces the sweep's; grpo drops the G = 1 shape
-    assert len(_jobs("env=sokoban", "algo=" + ",".join(ALGOS), "+sweep=algos")) == 24
+    assert len(_jobs("env=sokoban", "algo=" + ",".join(ALGOS), "+sweep=algos")) == 30
     assert len(_jobs("env=sokoban", "algo=turn_ppo", "+sweep=algos")) == 3
     grpo = _jobs("env=sokoban", "algo=grpo", "+sweep=batch_design", "+sweep/batch_shape=br32_g2,br16_g4,br8_g8")
     assert len(grpo) == 36 and not any("+sweep/batch_shape=br64_g1" in j for j in grpo)
@@ -368,3 +368,29 @@ def test_compare_script_with_mps_and_no_mps_control_stops_before_any_work(tmp_pa
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120)
     assert out.returncode == 2 and "nvidia-cuda-mps-control not found" in out.stdout, out.stdout
     assert not (tmp_path / "cache").exists() and not (tmp_path / "runs").exists()
+
+
+def test_the_usage_doc_sweep_lines_run_what_they_say():
+    """issue #59: docs/usage.md's `bash train.sh sokoban turn_ppo +sweep=algos --multirun   # the 8 algorithms x 3
+    seeds` ran 3 jobs (train.sh's algo replaces the sweep's list), and the sweep listed 8 of the 10 algorithms.
+    Each +sweep=algos line of the doc is expanded here and must give what its comment says."""
+    import re
+    import shlex
+
+    lines = [ln for ln in (ROOT / "docs" / "usage.md").read_text().splitlines() if "+sweep=algos" in ln]
+    assert len(lines) == 2, lines
+    for line in lines:
+        command, _, said = line.partition("#")
+        words = shlex.split(command)
+        if words[:2] == ["bash", "train.sh"]:
+            overrides = [f"env={words[2]}", f"algo={words[3]}", *words[4:]]
+        else:
+            overrides = words[3:]
+        jobs = _jobs(*[w for w in overrides if w not in ("--multirun", "-m")])
+        algos = sorted({o.split("=", 1)[1] for j in jobs for o in j if o.startswith("algo=")})
+        m = re.search(r"the (\d+) algorithms x (\d+) seeds \((\d+) runs\)", said)
+        if m:
+            assert algos == ALGOS and len(ALGOS) == int(m.group(1)) == 10, (line, algos)
+            assert len(jobs) == int(m.group(3)) == int(m.group(1)) * int(m.group(2)), line
+        else:
+            assert re.search(r"(\w+) x (\d+) seeds", said).groups() == (algos[0], str(len(jobs))) and len(algos) == 1

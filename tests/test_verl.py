@@ -525,8 +525,8 @@ def test_a_run_failure_is_one_line_with_the_traceback_in_the_run_dir(tmp_path, m
     e = run_failure(RayTaskError(died), tmp_path)
     assert isinstance(e, RunAborted) and "\n" not in str(e)
     assert str(e).startswith("the Ray actor GlooActorRolloutRefWorker (pid 4242) died; the run stopped")
-    assert "global_step_2" in str(e) and "python -m ragen_turn.train env=sokoban engine=verl trainer.resume=true" \
-        in str(e)
+    assert "global_step_2" in str(e) and f"-m ragen_turn.train env=sokoban engine=verl trainer.default_local_dir=" \
+        f"{tmp_path.resolve()} trainer.resume=true" in str(e), str(e)
     assert "class_name: GlooActorRolloutRefWorker" in (tmp_path / "error.log").read_text()
     other = run_failure(RayTaskError(KeyError("turn_ids")), tmp_path)
     assert isinstance(other, RunAborted) and "the run failed: KeyError: 'turn_ids'" in str(other)

@@ -66,37 +66,103 @@ def _legacy_complete(path: Path) -> bool:
         ((path / "data.pt").is_file() and (path / "actor").is_dir())
 
 
+class UnverifiedCheckpoint(ValueError):
+    """The checkpoint a resume would load has no checksums to verify its files against (no ``complete.json``, or
+    one without sha256): refused unless ``trainer.load_unverified=true`` (a ValueError: exit code 2)."""
+
+
+LOAD_UNVERIFIED_KEY = "trainer.load_unverified"
+
+
+def unverified_reason(path: Path) -> Optional[str]:
+    """Why checkpoint ``path``'s files cannot be verified (no ``complete.json``, or one without a sha256 for every
+    file it lists), or None when they can."""
+    manifest = Path(path) / MANIFEST
+    if not manifest.is_file():
+        return f"it has no {MANIFEST} (written before checksums existed, or the file was removed)"
+    try:
+        doc = json.loads(manifest.read_text())
+        missing = sorted(set(doc["files"]) - set(doc.get("sha256") or {}))
+    except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError):
+        return None  # unreadable: incomplete_reason says so
+    if missing:
+        return f"its {MANIFEST} has no sha256 for {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}"
+    return None
+
+
+def _outside(path: Path, rel: str) -> bool:
+    """``rel`` (an entry of ``path``'s manifest) names a file outside checkpoint ``path``: absolute, with ``..``,
+    or through a link that leads out."""
+    if not isinstance(rel, str) or not rel or os.path.isabs(rel) or ".." in Path(rel).parts:
+        return True
+    root = Path(path).resolve()
+    return root not in (root / rel).resolve().parents
+
+
 def incomplete_reason(path: Path, verify: bool = False) -> Optional[str]:
     """Why step directory ``path`` cannot be loaded, or None when it is complete.
 
-    Complete = its manifest lists files that are all there with their sizes; ``verify``: and their sha256 (when
-    the manifest has them). A directory written before manifests existed counts as complete when it has
-    ``trainer_state.pt`` and ``actor/config.json`` (verl: ``data.pt`` and ``actor/``)."""
+    Complete = its manifest lists files that are all there with their sizes. ``verify``: and every entry stays
+    inside the checkpoint, every file is listed, and each matches its sha256; a checkpoint whose files cannot be
+    verified (:func:`unverified_reason`) is not loadable then. Without ``verify``, a directory written before
+    manifests existed counts as complete when it has ``trainer_state.pt`` and ``actor/config.json`` (verl:
+    ``data.pt`` and ``actor/``): the start-of-run cleaning keeps it, a resume refuses it
+    (:class:`UnverifiedCheckpoint`)."""
     path = Path(path)
     if not path.is_dir():
         return "missing"
     manifest = path / MANIFEST
     if not manifest.is_file():
         if _legacy_complete(path):
-            return None
+            return f"unverified: {unverified_reason(path)}" if verify else None
         return f"no {MANIFEST} and no trainer_state.pt + actor/config.json"
     try:
         doc = json.loads(manifest.read_text())
         files: Dict[str, int] = doc["files"]
         sums: Dict[str, str] = doc.get("sha256") or {}
+        files.items(), sums.items()
     except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as e:
         return f"unreadable {MANIFEST} ({e})"
     for rel, size in files.items():
+        if _outside(path, rel):
+            if verify:
+                return f"{MANIFEST} lists {rel!r}, outside the checkpoint"
+            continue
         f = path / rel
         if not f.is_file():
             return f"{rel} is missing"
         if f.stat().st_size != size:
             return f"{rel} has {f.stat().st_size} bytes, {size} expected"
     if verify:
+        bad = [rel for rel in sums if _outside(path, rel)]
+        if bad:
+            return f"{MANIFEST} lists {bad[0]!r}, outside the checkpoint"
+        why = unverified_reason(path)
+        if why is not None:
+            return f"unverified: {why}"
+        unlisted = sorted(str(p.relative_to(path)) for p in path.rglob("*")
+                          if (p.is_file() or p.is_symlink()) and p.name != MANIFEST
+                          and str(p.relative_to(path)) not in files)
+        if unlisted:
+            return f"{unlisted[0]} is not listed in {MANIFEST} (added after the checkpoint was written)"
         for rel, want in sums.items():
             if file_sha256(path / rel) != want:
                 return f"{rel} does not match its sha256 in {MANIFEST} (corrupt)"
     return None
+
+
+def check_unverified(ckpt_dir: Path, path: Path, verified: Optional[Path], engine: str = "local") -> None:
+    """Raise :class:`UnverifiedCheckpoint` for checkpoint ``path``: the line names it, why it cannot be verified,
+    the newest verified checkpoint (``verified``) and the keys that load either one."""
+    older = (f"the newest verified checkpoint is {verified.name} (trainer.resume_from={verified.name} resumes from "
+             "it)") if verified is not None else f"no verified checkpoint is in {ckpt_dir}"
+    risk = ("verl's checkpoint loader unpickles its files, which runs any code planted in them" if engine == "verl"
+            else "its weights and optimizer state are loaded as they are, with no check that they are the ones "
+                 "written")
+    raise UnverifiedCheckpoint(
+        f"trainer.resume=true: checkpoint {path} is unverified ({unverified_reason(path)}): its files cannot be "
+        f"checked against the checksums written with them, so it is not loaded; {older}. To load it knowingly "
+        f"({risk}): {LOAD_UNVERIFIED_KEY}=true")
 
 
 def step_dirs(ckpt_dir: Path) -> List[Path]:
@@ -165,18 +231,30 @@ def clean(ckpt_dir: Path, log: Callable[[str], None] = print) -> None:
 
 
 def resume_point(ckpt_dir: Path, log: Callable[[str], None] = print, pointer: str = LATEST,
-                 verify: bool = True, skip: Tuple[str, ...] = ()) -> Optional[Path]:
+                 verify: bool = True, skip: Tuple[str, ...] = (), allow_unverified: bool = False,
+                 engine: str = "local") -> Optional[Path]:
     """The checkpoint a resume loads: the newest complete step directory whose files match their sha256
     (``verify``), None when there is none; ``skip``: names already tried. ``pointer`` (``latest``, or verl's
     tracker file) is read first; when it is missing, empty, garbage, names an incomplete or corrupt directory or
-    an older one than the newest complete, one line says so; so does each corrupt directory passed over."""
+    an older one than the newest complete, one line says so; so does each corrupt directory passed over. With
+    ``verify``, a newest loadable checkpoint that cannot be verified (no ``complete.json``: :func:`unverified_reason`)
+    raises :class:`UnverifiedCheckpoint` naming it and the newest verified one, unless ``allow_unverified``
+    (``trainer.load_unverified=true``: loaded with a line saying so)."""
     ckpt_dir = Path(ckpt_dir)
     complete = [p for p in step_dirs(ckpt_dir) if incomplete_reason(p) is None and p.name not in skip]
     named, found = read_pointer(ckpt_dir, pointer)
     newest = None
-    for p in reversed(complete):
+    for i, p in enumerate(reversed(complete)):
         bad = incomplete_reason(p, verify=True) if verify else None
         if bad is None:
+            newest = p
+            break
+        if bad.startswith("unverified") and not allow_unverified:
+            older = next((q for q in reversed(complete[:len(complete) - 1 - i])
+                          if incomplete_reason(q, verify=True) is None), None)
+            check_unverified(ckpt_dir, p, older, engine)
+        if bad.startswith("unverified"):
+            log(f"[ragen_turn] checkpoint {p} is {bad}; loading it anyway ({LOAD_UNVERIFIED_KEY}=true)")
             newest = p
             break
         log(f"[ragen_turn] checkpoint {p} is not loadable: {bad}; trying an older one")
@@ -205,6 +283,24 @@ def last_good(ckpt_dir: Path) -> Optional[Path]:
     if named is None or incomplete_reason(Path(ckpt_dir) / named) is not None:
         return None
     return Path(ckpt_dir) / named
+
+
+def check_resume_target(ckpt_dir: Path, resume_from: Optional[str] = None, allow_unverified: bool = False,
+                        engine: str = "local") -> None:
+    """The train command's check before any work (no checksums computed: that is the resume's): the checkpoint
+    a resume would load (``resume_from``, else the newest complete) is there and, unless ``allow_unverified``,
+    has checksums to verify it against (:class:`UnverifiedCheckpoint`, naming the newest one that has)."""
+    ckpt_dir = Path(ckpt_dir)
+    if resume_from and resume_from != LATEST:
+        p = find(ckpt_dir, resume_from)
+    else:
+        complete = [q for q in step_dirs(ckpt_dir) if incomplete_reason(q) is None]
+        p = complete[-1] if complete else None
+    if p is None or allow_unverified or unverified_reason(p) is None:
+        return
+    older = [q for q in step_dirs(ckpt_dir) if step_of(q) < step_of(p) and incomplete_reason(q) is None
+             and unverified_reason(q) is None]
+    check_unverified(ckpt_dir, p, older[-1] if older else None, engine)
 
 
 def newest_complete(ckpt_dir: Path) -> Optional[Path]:
@@ -271,6 +367,16 @@ def rotate(ckpt_dir: Path, keep: int, log: Optional[Callable[[str], None]] = Non
     return gone
 
 
+def remove_all(ckpt_dir: Path) -> List[Path]:
+    """A fresh start: delete every step directory and the pointer files (nothing else in ``ckpt_dir``)."""
+    old = step_dirs(ckpt_dir)
+    for p in old:
+        remove_dir(p)
+    for name in POINTERS:
+        (Path(ckpt_dir) / name).unlink(missing_ok=True)
+    return old
+
+
 def drop_after(ckpt_dir: Path, step: int, log: Callable[[str], None] = print) -> None:
     """A resume from step ``step`` abandons the checkpoints after it (else rotation, which keeps the highest
     steps, would delete the new ones and keep those)."""
@@ -279,28 +385,39 @@ def drop_after(ckpt_dir: Path, step: int, log: Callable[[str], None] = print) ->
             remove_dir(p, log, f"after the resumed step {step}")
 
 
-def find(ckpt_dir: Path, name: str, verify: bool = False) -> Path:
+def find(ckpt_dir: Path, name: str, verify: bool = False, allow_unverified: bool = False,
+         engine: str = "local") -> Path:
     """``trainer.resume_from``: ``last_good``, ``latest`` or a step directory's name (``step_000010``) in
     ``ckpt_dir``; raises ``FileNotFoundError`` naming the key unless it is a complete checkpoint (``verify``: whose
-    files match their sha256)."""
+    files match their sha256; one that cannot be verified raises :class:`UnverifiedCheckpoint` unless
+    ``allow_unverified``)."""
     ckpt_dir = Path(ckpt_dir)
     key = f"trainer.resume_from={name}"
+    if name == LATEST:
+        p = resume_point(ckpt_dir, log=lambda _: None, verify=verify, allow_unverified=allow_unverified,
+                         engine=engine)
+        if p is None:
+            raise FileNotFoundError(f"{key}: no complete checkpoint in {ckpt_dir}")
+        return p
     if name == LAST_GOOD:
         p = last_good(ckpt_dir)
         if p is None:
             raise FileNotFoundError(f"{key}: no confirmed checkpoint in {ckpt_dir} ({LAST_GOOD} missing or incomplete)")
-        bad = incomplete_reason(p, verify=True) if verify else None
-        if bad is not None:
-            raise FileNotFoundError(f"{key}: {p} is not loadable: {bad}")
-        return p
-    if name == LATEST:
-        p = resume_point(ckpt_dir, log=lambda _: None, verify=verify)
-        if p is None:
-            raise FileNotFoundError(f"{key}: no complete checkpoint in {ckpt_dir}")
-        return p
-    named = step_of(Path(name)) is not None and "/" not in name
-    why = incomplete_reason(ckpt_dir / name, verify=verify) if named else \
-        "not a step directory name (step_NNNNNN), last_good or latest"
-    if why is not None:
-        raise FileNotFoundError(f"{key}: {why} (in {ckpt_dir})")
-    return ckpt_dir / name
+    elif step_of(Path(name)) is not None and "/" not in name:
+        p = ckpt_dir / name
+        why = incomplete_reason(p)
+        if why is not None:
+            raise FileNotFoundError(f"{key}: {why} (in {ckpt_dir})")
+    else:
+        raise FileNotFoundError(f"{key}: not a step directory name (step_NNNNNN), last_good or latest "
+                                f"(in {ckpt_dir})")
+    bad = incomplete_reason(p, verify=True) if verify else None
+    if bad is not None and bad.startswith("unverified"):
+        if not allow_unverified:
+            newer_first = [q for q in reversed(step_dirs(ckpt_dir)) if q.name != p.name]
+            check_unverified(ckpt_dir, p, next((q for q in newer_first
+                                                if incomplete_reason(q, verify=True) is None), None), engine)
+        bad = None
+    if bad is not None:
+        raise FileNotFoundError(f"{key}: {p} is not loadable: {bad}")
+    return p

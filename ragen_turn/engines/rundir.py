@@ -26,13 +26,14 @@ import contextlib
 import errno
 import fcntl
 import os
+import re
 import shutil
 import signal
 import socket
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Dict, Iterator, List, Optional, Union
+from typing import Callable, Dict, Iterator, List, Optional, Tuple, Union
 
 PathLike = Union[str, os.PathLike]
 LOCK_FILE = "run.lock"
@@ -290,6 +291,7 @@ def check_run_dir(cfg, log: Callable[[str], None] = print) -> RunDirLock:
         raise ValueError(f"{key}={run_dir}: exists and is not a directory")
     _probe_writable(run_dir, key)
     held_before = _key(run_dir) in _HELD
+    made = [q for q in (run_dir, run_dir / LOCK_FILE) if not q.exists()]  # what a refusal takes away again
     lock = lock_run_dir(run_dir, log=log)
     try:
         if not cfg.trainer.resume and not cfg.trainer.get("overwrite", False) and run_dir_holds_run(run_dir):
@@ -298,30 +300,58 @@ def check_run_dir(cfg, log: Callable[[str], None] = print) -> RunDirLock:
                                   "trainer.experiment_name / trainer.default_local_dir")
         if cfg.trainer.resume and not cfg.trainer.get("overwrite", False):
             check_resume_config(cfg, run_dir)
+        if cfg.trainer.get("overwrite", False) and not cfg.trainer.resume:
+            check_overwritable(run_dir)  # deletes nothing: a folder that is not (only) a run is refused
     except BaseException:
         if not held_before:
             lock.release()
+            for q in reversed(made):  # a refused command leaves no lock file (nor directory) it made
+                with contextlib.suppress(OSError):
+                    q.rmdir() if q.is_dir() else q.unlink()
         raise
     return lock
 
 
-# what a run trains: a resume may change how it runs (steps, lr, logging, checkpoints), not these
+# what a run trains: a resume may change how it runs (steps, lr, logging, checkpoints), not these; the model's
+# sizes change the shapes of its weights (checked before any model is built)
 IDENTITY_KEYS = ("algo.name", "env.name", "model.name", "model.path", "seed", "engine.name",
                  "algorithm.adv_estimator", "actor_rollout_ref.actor.policy_loss.loss_mode", "critic.level",
-                 "env.train_tags", "env_module")
+                 "env.train_tags", "env_module", "model.arch", "model.hidden_size", "model.num_hidden_layers",
+                 "model.num_attention_heads", "model.num_key_value_heads", "model.intermediate_size",
+                 "model.tie_word_embeddings")
 CONFIG_FILE = "config.yaml"
+CONFIGS_FILE = "configs.jsonl"
+PROVENANCE_FILE = "provenance.json"
+
+
+def _plain(v):
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(v) if OmegaConf.is_config(v) else v
+
+
+def identity_of(cfg) -> Dict[str, object]:
+    """``{key: value}`` of :data:`IDENTITY_KEYS` in ``cfg`` (what a run's provenance records of what it trains)."""
+    from omegaconf import OmegaConf
+
+    return {k: _plain(OmegaConf.select(cfg, k, default=None)) for k in IDENTITY_KEYS}
+
+
+_ABSENT = object()
 
 
 def resume_config_changes(old, new) -> List[str]:
-    """``key: old -> new`` for each of :data:`IDENTITY_KEYS` that differs between a run's recorded config and a
-    resume's (``model.path`` only when both name one: the verl engine records the resolved directory)."""
+    """``key: old -> new`` for each of :data:`IDENTITY_KEYS` that differs between a run's record (its config, or
+    an :func:`identity_of` dict) and a resume's config; a key the record lacks (an older version's) is not
+    compared, nor ``model.path`` unless both name one (the verl engine records the resolved directory)."""
     from omegaconf import OmegaConf
 
     out = []
     for key in IDENTITY_KEYS:
-        a, b = OmegaConf.select(old, key, default=None), OmegaConf.select(new, key, default=None)
-        a = OmegaConf.to_container(a) if OmegaConf.is_config(a) else a
-        b = OmegaConf.to_container(b) if OmegaConf.is_config(b) else b
+        a = old.get(key, _ABSENT) if isinstance(old, dict) else OmegaConf.select(old, key, default=_ABSENT)
+        if a is _ABSENT:
+            continue
+        a, b = _plain(a), _plain(OmegaConf.select(new, key, default=None))
         if key == "model.path" and (a is None or b is None):
             continue
         if a != b:
@@ -329,25 +359,80 @@ def resume_config_changes(old, new) -> List[str]:
     return out
 
 
-def check_resume_config(cfg, run_dir: PathLike) -> None:
-    """``trainer.resume=true`` into a run whose ``config.yaml`` trains something else (another algorithm, env,
-    model, seed, ...: :data:`IDENTITY_KEYS`) is refused naming the keys (``trainer.overwrite=true`` lets it)."""
+def run_records(run_dir: PathLike) -> Tuple[List[Tuple[str, object]], List[str]]:
+    """What ``run_dir`` keeps of what its run trains: ``[(where, config or identity dict)]`` from ``config.yaml``,
+    the last line of ``configs.jsonl`` and the last entry of ``provenance.json`` that has an ``identity``; and
+    the records missing or unreadable, in words."""
+    import json
+
     from omegaconf import OmegaConf
 
-    path = Path(run_dir) / CONFIG_FILE
-    if not path.is_file():
-        return
+    run_dir = Path(run_dir)
+    found: List[Tuple[str, object]] = []
+    lost: List[str] = []
+    path = run_dir / CONFIG_FILE
     try:
-        old = OmegaConf.load(path)
+        found.append((str(path), OmegaConf.load(path)))
+    except FileNotFoundError:
+        lost.append(f"{CONFIG_FILE} is missing")
     except Exception as e:  # noqa: BLE001 (a torn or hand-edited file: say so, do not guess)
-        raise ValueError(f"trainer.resume=true: {path} cannot be read ({type(e).__name__}: {e}); "
-                         "trainer.overwrite=true lets the resume go on") from None
-    changes = resume_config_changes(old, cfg)
+        lost.append(f"{path} cannot be read ({type(e).__name__}: {str(e).strip().splitlines()[0][:160]})")
+    path = run_dir / CONFIGS_FILE
+    try:
+        lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
+        entry = json.loads(lines[-1])["config"] if lines else None
+        if isinstance(entry, dict):
+            found.append((f"{path} (its last line)", OmegaConf.create(entry)))
+        else:
+            lost.append(f"{CONFIGS_FILE} holds no config")
+    except FileNotFoundError:
+        lost.append(f"{CONFIGS_FILE} is missing")
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
+        lost.append(f"{path}'s last line cannot be read ({type(e).__name__})")
+    path = run_dir / PROVENANCE_FILE
+    try:
+        entries = json.loads(path.read_text())
+        ident = next((e["identity"] for e in reversed(entries) if isinstance(e, dict)
+                      and isinstance(e.get("identity"), dict)), None)
+        if ident is not None:
+            found.append((f"{path} (identity)", ident))
+        else:
+            lost.append(f"{PROVENANCE_FILE} records no identity")
+    except FileNotFoundError:
+        lost.append(f"{PROVENANCE_FILE} is missing")
+    except (ValueError, TypeError, UnicodeDecodeError) as e:
+        lost.append(f"{path} cannot be read ({type(e).__name__})")
+    return found, lost
+
+
+def _holds_checkpoints(run_dir: Path) -> bool:
+    return any(p.is_dir() for p in (*run_dir.glob("checkpoints/step_*"), *run_dir.glob("global_step_*")))
+
+
+def check_resume_config(cfg, run_dir: PathLike) -> None:
+    """``trainer.resume=true`` into a run whose records (``config.yaml``, ``configs.jsonl``, the identity in
+    ``provenance.json``: :func:`run_records`) say it trains something else (another algorithm, env, model or
+    model size, seed, ...: :data:`IDENTITY_KEYS`) is refused naming the keys; so is a resume into a run (metrics
+    or checkpoints) that keeps none of those records (``trainer.overwrite=true`` lets either go on)."""
+    run_dir = Path(run_dir)
+    found, lost = run_records(run_dir)
+    if not found:
+        if run_dir_holds_run(run_dir) or _holds_checkpoints(run_dir):
+            raise ValueError(f"trainer.resume=true: {run_dir} keeps no record of what its run trains "
+                             f"({'; '.join(lost)}), so this resume cannot be checked against it: refused. "
+                             "trainer.overwrite=true starts the run over (or resumes anyway, with trainer.resume=true)")
+        return
+    changes: List[str] = []
+    where: List[str] = []
+    for name, old in found:
+        differs = resume_config_changes(old, cfg)
+        where += [name] if differs else []
+        changes += [c for c in differs if c not in changes]
     if changes:
         raise ValueError(f"trainer.resume=true: this config trains something else than the run in {run_dir} "
-                         f"({'; '.join(changes)}; the run's config: {path}): resume with the run's values, pick "
-                         "another trainer.experiment_name / trainer.default_local_dir, or set trainer.overwrite=true "
-                         "to resume anyway")
+                         f"({'; '.join(changes)}; the run's config: {', '.join(where)}): resume with the run's values, "
+                         "pick another trainer.experiment_name / trainer.default_local_dir, or set "
+                         "trainer.overwrite=true to resume anyway")
 
 
 def run_complete(step: int, total: int) -> bool:
@@ -367,7 +452,7 @@ def record_config(out_dir: PathLike, text: str, step: int) -> None:
 
     out_dir = Path(out_dir)
     atomic_write_text(out_dir / CONFIG_FILE, text)
-    history = out_dir / "configs.jsonl"
+    history = out_dir / CONFIGS_FILE
     entry = {"step": int(step), "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "pid": os.getpid(),
              "config": OmegaConf.to_container(OmegaConf.create(text))}
     line = json.dumps(entry, sort_keys=True) + "\n"
@@ -391,10 +476,62 @@ def run_files(out_dir: PathLike) -> List[Path]:
     return sorted(p for p in out_dir.iterdir() if p.name not in (HYDRA_SUBDIR, LOCK_FILE))
 
 
+# what makes a directory recognisably a run of ours (trainer.overwrite=true deletes nothing elsewhere)
+RUN_RECORDS = (METRICS_FILE, CONFIG_FILE, "configs.jsonl", "provenance.json")
+# every name a run of ours writes in its directory: the trainers (both engines), eval.sh, the report, wandb
+_OURS = re.compile(r"^(?:metrics\.jsonl|config\.yaml|configs\.jsonl|provenance\.json|val_generations\.jsonl"
+                   r"|error\.log|checkpoints|wandb|report|eval|eval_[^/]*\.json|latest_checkpointed_iteration\.txt"
+                   r"|(?:\.(?:tmp|del)_)?global_step_\d+"
+                   r"|\.(?:metrics\.jsonl|config\.yaml|configs\.jsonl|provenance\.json|val_generations\.jsonl"
+                   r"|latest_checkpointed_iteration\.txt)\.tmp-\d+|\.ragen_turn_write_probe\w*)$")
+# inside checkpoints/: step directories (staged, being deleted), the pointers and their temp files
+_OURS_IN_CHECKPOINTS = re.compile(r"^(?:(?:\.(?:tmp|del)_)?(?:global_)?step_\d+|latest|last_good"
+                                  r"|\.(?:latest|last_good)\.tmp-\d+)$")
+
+
+def foreign_entries(out_dir: PathLike) -> List[str]:
+    """The entries of ``out_dir`` (and of its ``checkpoints/``) that no run of ours writes, as paths relative to
+    ``out_dir``: what ``trainer.overwrite=true`` must not delete."""
+    out_dir = Path(out_dir)
+    out = []
+    for p in run_files(out_dir):
+        if not _OURS.match(p.name):
+            out.append(p.name)
+        elif p.name == "checkpoints" and p.is_dir() and not p.is_symlink():
+            out += [f"checkpoints/{q.name}" for q in sorted(p.iterdir()) if not _OURS_IN_CHECKPOINTS.match(q.name)]
+    return out
+
+
+def check_overwritable(out_dir: PathLike) -> List[Path]:
+    """``trainer.overwrite=true``: what it will delete in ``out_dir`` (a run's files only). ``ValueError`` (exit 2),
+    deleting nothing, when ``out_dir`` holds anything but a run of ours: a folder without a run's records
+    (:data:`RUN_RECORDS`), or entries no run writes (a mistyped path must not wipe a user's folder)."""
+    out_dir = Path(out_dir)
+    old = run_files(out_dir)
+    if not old:
+        return []
+    key = f"trainer.overwrite=true with trainer.default_local_dir={out_dir}"
+    names = [p.name for p in old]
+    shown = ", ".join(names[:12]) + (f" and {len(names) - 12} more" if len(names) > 12 else "")
+    if not any((out_dir / r).is_file() for r in RUN_RECORDS):
+        raise ValueError(f"{key}: this folder is not a run directory (it has none of {', '.join(RUN_RECORDS)}) "
+                         f"and holds {shown}; nothing was deleted. Point trainer.default_local_dir (or "
+                         "trainer.experiment_name) at a run, or at a new folder")
+    foreign = foreign_entries(out_dir)
+    if foreign:
+        more = f" and {len(foreign) - 12} more" if len(foreign) > 12 else ""
+        raise ValueError(f"{key}: the run directory also holds what no run writes ({', '.join(foreign[:12])}{more})"
+                         "; nothing was deleted. Move those out, or pick another trainer.experiment_name / "
+                         "trainer.default_local_dir")
+    return old
+
+
 def clear_earlier_run(out_dir: PathLike, log: Callable[[str], None] = print) -> None:
     """``trainer.overwrite=true``: delete the earlier run's files (checkpoints, metrics, config, evaluations,
-    wandb) so none is mixed with the new run's. Call it holding the directory's lock (:func:`check_run_dir`)."""
-    old = run_files(out_dir)
+    wandb) so none is mixed with the new run's; only what a run of ours writes, and only in a run directory
+    (:func:`check_overwritable`, else ``ValueError`` and nothing deleted). Call it holding the directory's lock
+    (:func:`check_run_dir`)."""
+    old = check_overwritable(out_dir)
     for p in old:
         shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
     if old:

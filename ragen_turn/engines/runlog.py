@@ -122,9 +122,12 @@ def weights_sha256(model: torch.nn.Module) -> str:
     return h.hexdigest()
 
 
-def record_provenance(out_dir: Path, step: int, actor: Optional[torch.nn.Module] = None) -> Dict[str, Any]:
+def record_provenance(out_dir: Path, step: int, actor: Optional[torch.nn.Module] = None,
+                      identity: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Append where and with what this process runs the run to ``<run>/provenance.json`` (one entry per start or
-    resume): the step it starts at, the CPU, the GPU if any, Python / torch / transformers versions and, on a fresh
+    resume): the step it starts at, the CPU model, torch's thread count (the order of its float reductions follows
+    it: one seed gives other numbers with other thread counts), the GPU if any, Python / torch / transformers
+    versions, what the run trains (``identity``: ``rundir.identity_of``, read by a resume's check) and, on a fresh
     start, the sha256 of the actor's starting weights (the warm start: an SFT on another CPU type ends at other
     weights, so two runs of one config match only when these do). Returns the entry."""
     import platform
@@ -138,11 +141,14 @@ def record_provenance(out_dir: Path, step: int, actor: Optional[torch.nn.Module]
             cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
     except OSError:
         pass
-    entry: Dict[str, Any] = {"step": int(step), "cpu": cpu, "python": sys.version.split()[0],
+    entry: Dict[str, Any] = {"step": int(step), "cpu": cpu, "torch_threads": torch.get_num_threads(),
+                             "python": sys.version.split()[0],
                              "torch": torch.__version__, "transformers": transformers.__version__,
                              "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
     if actor is not None and step == 0:
         entry["start_weights_sha256"] = weights_sha256(actor)
+    if identity is not None:  # what the run trains (rundir.identity_of): a resume is checked against it too
+        entry["identity"] = dict(identity)
     path = Path(out_dir) / PROVENANCE_FILE
     try:
         entries = json.loads(path.read_text()) if step > 0 and path.is_file() else []

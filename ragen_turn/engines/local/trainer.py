@@ -49,6 +49,7 @@ from ragen_turn.engines.rundir import (
     DiskFull,
     TrainingStopped,
     crash_point,
+    identity_of,
     record_config,
     run_complete,
     take_run_dir,
@@ -95,6 +96,7 @@ def evaluate_policy(model, tokenizer, cfg: DictConfig, envs: EnvGroupManager, de
 
 
 ROLLOUT_PROGRESS_S = 30.0  # a training rollout's progress line at most this often (none in a shorter rollout)
+UPDATE_PROGRESS_S = 30.0  # the same for an update (its mini-batches), which can take minutes too
 
 
 # ------------------------------------------------------------------------------------------------
@@ -115,8 +117,8 @@ class StarPOTrainer:
         self.lock = take_run_dir(cfg, log=log)
         self.ckpt_dir = self.out_dir / "checkpoints"
         ckpt.clean(self.ckpt_dir, log=log)  # what a run killed while writing or deleting a checkpoint left
-        if not cfg.trainer.resume and ckpt.step_dirs(self.ckpt_dir):
-            shutil.rmtree(self.ckpt_dir)
+        if not cfg.trainer.resume and ckpt.step_dirs(self.ckpt_dir):  # its step dirs and pointers only
+            ckpt.remove_all(self.ckpt_dir)
             log(f"[ragen_turn] removed the checkpoints of the earlier run in {self.ckpt_dir} (a fresh start)")
         self.started = time.time()
 
@@ -179,7 +181,7 @@ class StarPOTrainer:
             truncate_metrics(self.metrics_path, self.step, log=log)  # fresh run: fresh log; resumed: <= step
             truncate_metrics(self.out_dir / GENERATIONS_FILE, self.step, log=log)
             record_config(self.out_dir, OmegaConf.to_yaml(cfg, resolve=True), self.step)  # + configs.jsonl
-            record_provenance(self.out_dir, self.step, self.actor)
+            record_provenance(self.out_dir, self.step, self.actor, identity=identity_of(cfg))
 
     # -------------------------------------------------------------------------------- rollout
     def rollout(self, step: int) -> Trajectory:
@@ -314,8 +316,15 @@ class StarPOTrainer:
         self.update_trace[prefix] = trace
         skipped = 0
         stopped = False
+        per_epoch = -(-batch.batch_size // self.cfg.ppo_mini_batch_size)
+        done, t0 = 0, time.time()
+        progress = throttled(self.log, UPDATE_PROGRESS_S)  # as the rollout's: where it is, every 30 s
         for epoch in range(epochs):
             for mini in self._minibatches(batch.batch_size, epoch):
+                if done:
+                    progress(f"[update] step {self.step + 1}: {prefix} {done}/{epochs * per_epoch} mini-batches done "
+                             f"(epoch {epoch + 1}/{epochs}), {eta(done, epochs * per_epoch, time.time() - t0)}")
+                done += 1
                 optim.zero_grad(set_to_none=True)
                 metrics = self._accumulate(batch.select(mini), loss_of, stats_of)
                 if metrics is not None and target_kl is not None and \
@@ -743,10 +752,8 @@ class StarPOTrainer:
                 crash_point("actor written")
                 self.tokenizer.save_pretrained(tmp / "actor")
                 crash_point("tokenizer written")
-            state = {"step": self.step, "nonfinite_in_a_row": self.nonfinite_in_a_row,
-                     "actor_optim": self.actor_optim.state_dict(),
-                     "rng": {"python": random.getstate(), "numpy": np.random.get_state(),
-                             "torch": torch.get_rng_state()}}
+            state = {"format": TRAINER_STATE_FORMAT, "step": self.step, "nonfinite_in_a_row": self.nonfinite_in_a_row,
+                     "actor_optim": self.actor_optim.state_dict(), "rng": rng_states()}
             with writing(tmp / "critic"):
                 if self.shared_critic:
                     self.critic.save_value_head(tmp / "critic")
@@ -785,13 +792,15 @@ class StarPOTrainer:
         fails its checksum or its load is said and the next older one tried. Checkpoints after the loaded step
         are removed."""
         name = self.cfg.trainer.get("resume_from")
+        self.load_unverified = bool(self.cfg.trainer.get("load_unverified", False))
         if name:
-            path = ckpt.find(self.ckpt_dir, name, verify=True)
+            path = ckpt.find(self.ckpt_dir, name, verify=True, allow_unverified=self.load_unverified)
             self._load_state(path)
         else:
             tried: tuple = ()
             while True:
-                path = ckpt.resume_point(self.ckpt_dir, log=self.log, skip=tried)
+                path = ckpt.resume_point(self.ckpt_dir, log=self.log, skip=tried,
+                                         allow_unverified=self.load_unverified)
                 if path is None:
                     if ckpt.step_dirs(self.ckpt_dir):
                         raise FileNotFoundError(
@@ -816,7 +825,7 @@ class StarPOTrainer:
         from transformers import AutoModelForCausalLM
 
         loaded = AutoModelForCausalLM.from_pretrained(path / "actor", dtype=self.dtype, local_files_only=True)
-        state = torch.load(path / "trainer_state.pt", weights_only=False)
+        state = load_trainer_state(path / "trainer_state.pt")
         self.actor.load_state_dict(loaded.state_dict())
         self._load_optimizer(self.actor_optim, state["actor_optim"], "actor")
         if self.shared_critic:
@@ -827,9 +836,43 @@ class StarPOTrainer:
             self._load_optimizer(self.critic_optim, state["critic_optim"], "critic")
         self.step = int(state["step"])
         self.nonfinite_in_a_row = int(state["nonfinite_in_a_row"])
-        random.setstate(state["rng"]["python"])
-        np.random.set_state(state["rng"]["numpy"])
-        torch.set_rng_state(state["rng"]["torch"])
+        restore_rng_states(state["rng"])
+
+
+# trainer_state.pt holds tensors and plain types only (loads with torch.load(weights_only=True): no pickle from a
+# run dir); format 1 (before issue #59) held numpy's RNG state as an ndarray, which loads with numpy's array
+# reconstruction allowed (NUMPY_ARRAY_GLOBALS) and nothing else
+TRAINER_STATE_FORMAT = 2
+
+
+def rng_states() -> Dict[str, Any]:
+    """Python's, numpy's and torch's global RNG states as tensors and plain types (``weights_only`` loadable)."""
+    name, key, pos, has_gauss, cached = np.random.get_state()
+    return {"python": random.getstate(), "torch": torch.get_rng_state(),
+            "numpy": {"name": str(name), "key": torch.from_numpy(key.astype(np.int64)), "pos": int(pos),
+                      "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}}
+
+
+def restore_rng_states(rng: Dict[str, Any]) -> None:
+    """Set the global RNGs from :func:`rng_states` (or a format-1 state: numpy's tuple)."""
+    random.setstate(tuple(rng["python"][:1]) + (tuple(rng["python"][1]),) + tuple(rng["python"][2:]))
+    n = rng["numpy"]
+    if isinstance(n, dict):
+        n = (n["name"], n["key"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"])
+    np.random.set_state(n)
+    torch.set_rng_state(rng["torch"])
+
+
+def _numpy_array_globals() -> list:
+    core = getattr(np, "_core", None) or np.core
+    return [core.multiarray._reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+
+
+def load_trainer_state(path: Path) -> Dict[str, Any]:
+    """``trainer_state.pt`` with ``torch.load(weights_only=True)``: tensors and plain types, never code. A format-1
+    file (numpy's RNG state as an ndarray) loads with numpy's array reconstruction allowed and nothing else."""
+    with torch.serialization.safe_globals(_numpy_array_globals()):
+        return torch.load(path, weights_only=True)
 
 
 def warmup_lr_factor(optim_cfg, index: int, total_steps: int) -> float:

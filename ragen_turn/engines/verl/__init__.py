@@ -170,13 +170,21 @@ def what_died(e: BaseException) -> str:
         type(e).__name__, f"a Ray process ({type(e).__name__})")
 
 
-def resume_command() -> str:
-    """This command with ``trainer.resume=true``."""
+def resume_command(out_dir: Any = None) -> str:
+    """This command with ``trainer.resume=true`` (and the run directory ``out_dir``, absolute, so it works from
+    any directory), with this process's Python: it continues the run from its newest complete checkpoint, or starts
+    it over when none was written (the run directory already holds its metrics, so the same command without
+    ``trainer.resume=true`` would be refused as "already holds a run")."""
     import shlex
     import sys
+    from pathlib import Path
 
-    args = [a for a in sys.argv[1:] if not a.startswith(("trainer.resume=", "trainer.overwrite="))]
-    return "python -m ragen_turn.train " + " ".join(shlex.quote(a) for a in args) + " trainer.resume=true"
+    drop = ("trainer.resume=", "trainer.overwrite=", "trainer.resume_from=", "hydra.mode=")
+    drop += ("trainer.default_local_dir=",) if out_dir is not None else ()
+    args = [a for a in sys.argv[1:] if not a.startswith(drop) and a not in ("--multirun", "-m")]
+    if out_dir is not None:
+        args.append(f"trainer.default_local_dir={Path(out_dir).resolve()}")
+    return " ".join(shlex.quote(a) for a in [sys.executable, "-m", "ragen_turn.train", *args, "trainer.resume=true"])
 
 
 def run_failure(e: BaseException, out_dir: Any) -> BaseException:
@@ -192,8 +200,9 @@ def run_failure(e: BaseException, out_dir: Any) -> BaseException:
     out_dir = Path(out_dir)
     cause = _cause(e)
     newest = ckpt.newest_complete(out_dir)
-    note = (f"resume from the newest complete checkpoint ({newest.name}) with: {resume_command()}"
-            if newest is not None else f"no checkpoint was written in {out_dir}; start it again")
+    note = (f"resume from the newest complete checkpoint ({newest.name}) with: {resume_command(out_dir)}"
+            if newest is not None else
+            f"no checkpoint was written in {out_dir}; start the run over with: {resume_command(out_dir)}")
     if isinstance(cause, DiskFull) or (not isinstance(cause, TrainingStopped) and is_disk_full(cause)):
         path = cause.path if isinstance(cause, DiskFull) else out_dir
         return DiskFull(path, f"; {note}")

@@ -49,7 +49,7 @@ from ragen_turn.config import FilterSpec
 from ragen_turn.engines import checkpoints as ckpt
 from ragen_turn.engines.advantages import advantage_metrics, compute_advantages, critic_targets, normalized_turn_rewards
 from ragen_turn.engines.rollout_filter import filter_rows, pad_rows
-from ragen_turn.engines.rundir import crash_point, record_config, run_complete, writing
+from ragen_turn.engines.rundir import crash_point, identity_of, record_config, run_complete, writing
 from ragen_turn.runtime import derived_seed
 from ragen_turn.engines.runlog import (
     GENERATIONS_FILE, append_metrics, episode_metrics, progress_line, record_provenance, run_header, truncate_metrics,
@@ -414,7 +414,8 @@ class StarPOTrainer(RayPPOTrainer):
         self._load_checkpoint()
         if not run_complete(self.global_steps, total):  # a finished run resumed: its files are left alone
             record_config(self.out_dir, OmegaConf.to_yaml(self.rcfg), self.global_steps)  # + configs.jsonl
-            record_provenance(self.out_dir, self.global_steps)  # host and versions (weights: in the workers)
+            record_provenance(self.out_dir, self.global_steps,  # host and versions (weights: in the workers)
+                              identity=identity_of(self.rcfg))
             truncate_metrics(self.metrics_path, self.global_steps)  # fresh run: a fresh log; resumed: <= step
             truncate_metrics(self.out_dir / GENERATIONS_FILE, self.global_steps)
         self.checkpoint_manager.update_weights(self.global_steps)
@@ -480,16 +481,14 @@ class StarPOTrainer(RayPPOTrainer):
         log = partial(print, flush=True)
         ckpt.clean(self.out_dir, log=log)
         if self.config.trainer.resume_mode == "disable":
-            old = ckpt.step_dirs(self.out_dir)
-            for p in old:
-                ckpt.remove_dir(p)
-            (self.out_dir / ckpt.VERL_TRACKER).unlink(missing_ok=True)
+            old = ckpt.remove_all(self.out_dir)
             if old:
                 log(f"[ragen_turn] removed the checkpoints of the earlier run in {self.out_dir} (a fresh start)")
             return 0
         tried: tuple = ()
         while True:
-            path = ckpt.resume_point(self.out_dir, log=log, pointer=ckpt.VERL_TRACKER, skip=tried)
+            path = ckpt.resume_point(self.out_dir, log=log, pointer=ckpt.VERL_TRACKER, skip=tried, engine="verl",
+                                     allow_unverified=bool(self.rcfg.trainer.get("load_unverified", False)))
             if path is None:
                 if ckpt.step_dirs(self.out_dir):
                     raise FileNotFoundError(f"trainer.resume=true: no checkpoint in {self.out_dir} loads (see the "
