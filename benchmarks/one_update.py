@@ -276,6 +276,23 @@ def print_summary(rows, ref: str, tol: float, objective: str) -> dict:
     return choices
 
 
+def markdown_table(rows, ref: str, choices: dict) -> str:
+    """The summary as a Markdown table (the tuning page's): a row per variant, mean [95% interval] per key."""
+    summary = summarize(rows)
+    keys = [(k, name) for k, name in SUMMARY_KEYS if any(k in v for v in summary.values())]
+    names = " | ".join(name for _, name in keys)
+    lines = [f"| grid point | batches | {names} | fmt err - {ref} (paired) | chosen |",
+             "|---|---|" + "---|" * len(keys) + "---|---|"]
+    for label, stats in summary.items():
+        cells = [f"{fmt(stats[k][0])} [{fmt(stats[k][1])}, {fmt(stats[k][2])}]" if k in stats else "-" for k, _ in keys]
+        d = paired_difference(rows, label, ref) if label != ref else None
+        diff = f"{fmt(d[0])} [{fmt(d[1])}, {fmt(d[2])}]" if d and d[3] else "(reference)"
+        n = max((v[3] for v in stats.values()), default=0)
+        chosen = "**yes**" if choices.get(group_of(label)) == label else ""
+        lines.append(f"| `{label}` | {n} | " + " | ".join(cells) + f" | {diff} | {chosen} |")
+    return "\n".join(lines)
+
+
 def read_rows(path: str) -> list:
     """The rows a run wrote to ``--out`` (one JSON object a line; the warm start's rows are labelled so)."""
     with open(path) as f:
@@ -316,6 +333,7 @@ def main(argv=None):
     ap.add_argument("--objective", default="success", choices=("success", "dev_success"))
     ap.add_argument("--summarize", nargs="+", default=None, metavar="JSONL",
                     help="only print the table and choices of the rows in these files (--out of one or more calls)")
+    ap.add_argument("--markdown", action="store_true", help="with --summarize: the table in Markdown too")
     ap.add_argument("--shared-adv", default=None, help="the label of a variant whose advantages every variant uses")
     ap.add_argument("--dev", type=int, default=0, help="also evaluate on N dev rooms after the update (0: off)")
     ap.add_argument("--out", default=None, help="append one JSON line per variant and batch here; rows already "
@@ -327,7 +345,11 @@ def main(argv=None):
 
     if args.summarize:
         rows = [r for path in args.summarize for r in read_rows(path) if r["label"] != "(warm start)"]
-        return print_summary(rows, args.ref or _default_ref(rows), args.tol, args.objective)
+        ref = args.ref or _default_ref(rows)
+        choices = print_summary(rows, ref, args.tol, args.objective)
+        if args.markdown:
+            print("\n" + markdown_table(rows, ref, choices))
+        return choices
     check_seeds(args.seeds, args.overrides, args.allow_eval_seeds)
 
     import torch

@@ -121,7 +121,9 @@ def test_summarize_reads_the_rows_back(bench, tmp_path, capsys):
     rows = _rows("token_ppo", [0.2, 0.3], [0.1, 0.2]) + _rows("turn_ppo", [0.25, 0.3], [0.3, 0.3])
     rows.append({"label": "(warm start)", "seed": 100, "format_errors": 0.5, "success": 0.0, "update_kl": 0.0})
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    choices = bench.main(["--summarize", str(path)])
+    choices = bench.main(["--summarize", str(path), "--markdown"])
     out = capsys.readouterr().out
     assert choices == {"token_ppo": "token_ppo", "turn_ppo": "turn_ppo"} and "(warm start)" not in out
     assert "0.250 [" in out  # token_ppo's mean format errors with its interval
+    # the Markdown row: turn_ppo's paired difference to token_ppo, +0.05 and +0.0 on the two batches
+    assert "| `turn_ppo` | 2 | 0.275 [" in out and "| 0.025 [" in out and "| **yes** |" in out
