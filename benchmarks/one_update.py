@@ -1,23 +1,36 @@
-"""One update, then a fresh rollout: how far one actor update moves each variant's policy, on one batch.
+"""One update, then a fresh rollout: how far one actor update moves each variant's policy, over several dev batches.
 
-From one warm start and one seed, the local engine rolls out one batch, then for each variant (a label and config
+From one warm start, for each dev seed (a run seed, ``--seeds``; default 100-104) the local engine rolls out that
+seed's first batch (the step-1 batch a run ``seed=S`` would train on), then for each variant (a label and config
 overrides, e.g. another algo or trust-region setting) builds a fresh trainer from the same weights, scores that same
 batch, computes the advantages (its own, or one variant's shared with all: ``--shared-adv``), applies one update
-(critic, then actor) and rolls out again with the same env and sampling seeds. It prints, per variant:
+(critic, then actor) and rolls out again with the same env and sampling seeds. It prints, per variant and batch:
 
 - per actor mini-batch: approx KL before its step, turns and tokens clipped, the share of tokens still getting
   gradient (``live``), dual-clipped tokens, grad norm before clipping, the step's scale, whether it was stepped;
 - after the update: approx KL over the batch (k3 per response token), and the fresh rollout's format errors,
-  sampled tokens per turn and success; with ``--dev N``, success on N dev rooms (``es_manager.val.seeds=dev``).
+  sampled tokens per turn and success; with ``--dev N``, success on N dev rooms (``es_manager.val.seeds=dev``);
 
-Settings are chosen on the dev seeds (``es_manager.val.seeds=dev``, the default here); held-out seeds are for
-reporting. Deterministic for a seed on one CPU type.
+then, per variant, the mean over the batches and its 95% t interval (``report.intervals.t_interval``) of format
+errors, success (and dev success), update KL and live share, the paired difference to ``--ref``'s format errors,
+and per group of variants (an algorithm's grid: the label before the first space) the one the rule picks
+(:func:`choose`: the best mean ``--objective`` among those whose mean format errors are within ``--tol`` of
+``--ref``'s). ``--tune ALGO ...`` builds the grid (``--lrs`` x ``--clips``) every algorithm gets: the equal-tuning
+procedure of results/tuning/README.md.
 
-    python benchmarks/one_update.py                       # the long_turns study's variants, seed 1
+Seeds. A run's step-t batch is drawn from (run seed, t) alone (env seeds ``rollout.env_manager.train_env_seed``,
+sampling ``derived_seed(seed, t, 7)``), so the harness's batch for seed S is the step-1 batch of a run with seed S.
+Run seeds 0-99 are evaluation seeds (the comparisons: scripts/compare.sh runs seeds 0-4, fresh comparisons 10-14);
+the harness refuses them (exit 2) unless ``--allow-eval-seeds``. ``--dev`` rooms are the dev range
+(``es_manager.val.seeds=dev``), never the held-out rooms. Deterministic for a seed on one CPU type.
+
+    python benchmarks/one_update.py                       # the long_turns study's variants, dev seeds 100-104
     python benchmarks/one_update.py --setting long_horizon --only token_ppo turn_ppo   # another setting
     python benchmarks/one_update.py --variant 'tp: algo=turn_ppo' --variant 'tp_kl: algo=turn_ppo \
-        actor_rollout_ref.actor.target_kl=0.02' -- seed=0     # your own variants; overrides after -- go to all
+        actor_rollout_ref.actor.target_kl=0.02' --seeds 100 101 102 103 104   # your own variants
     python benchmarks/one_update.py --shared-adv token_ppo    # every variant trains on token_ppo's advantages
+    python benchmarks/one_update.py --tune token_ppo turn_ppo grpo st_ppo --out tune.jsonl   # the tuning grid
+    python benchmarks/one_update.py --summarize tune.jsonl    # the table and choices again, from the rows
 """
 from __future__ import annotations
 
@@ -25,6 +38,7 @@ import argparse
 import copy
 import json
 import os
+import re
 import shlex
 import sys
 import tempfile
@@ -57,7 +71,9 @@ SETTINGS = {
                        "agent_proxy.max_turn=3", "actor_rollout_ref.rollout.response_length=512",
                        "model.warmstart.seed=0"],
 }
-COMMON = ["es_manager.val.seeds=dev", "seed=1"]
+COMMON = ["es_manager.val.seeds=dev"]
+DEV_SEEDS = (100, 101, 102, 103, 104)  # the harness's run seeds: each one's step-1 batch
+FIRST_DEV_SEED = 100  # run seeds below are evaluation seeds (the comparisons'); the harness refuses them
 
 A = "actor_rollout_ref.actor"
 PL = f"{A}.policy_loss"
@@ -134,7 +150,7 @@ def fresh_rollout(trainer, dev_rooms: int) -> dict:
 def one_variant(label: str, overrides: list[str], batch0, shared_adv, dev_rooms: int, root: str, quiet: bool):
     log = (lambda *a, **k: None) if quiet else print
     t0 = time.time()
-    trainer = build(overrides, os.path.join(root, label.replace("/", "_")), log)
+    trainer = build(overrides, os.path.join(root, re.sub(r"[^A-Za-z0-9_.-]", "_", label)), log)
     batch = copy.deepcopy(batch0)
     batch = trainer.filter_groups(batch)
     trainer.score(batch)
@@ -153,7 +169,152 @@ def one_variant(label: str, overrides: list[str], batch0, shared_adv, dev_rooms:
 
 
 def fmt(x, p=3):
-    return "-" if x is None else f"{x:.{p}f}"
+    return "-" if x is None or x != x else f"{x:.{p}f}"
+
+
+def check_seeds(seeds, overrides, allow_eval: bool) -> None:
+    """Dev seeds only: a seed below ``FIRST_DEV_SEED`` is a comparison's batch (exit 2, ``error:`` line), and the
+    seed goes in ``--seeds``, not in the overrides."""
+    if any(o.split("=", 1)[0].lstrip("+~") == "seed" for o in overrides):
+        _fail("seed= in the overrides: give the run seeds with --seeds (dev seeds, >= 100)")
+    bad = sorted(s for s in seeds if s < FIRST_DEV_SEED)
+    if bad and not allow_eval:
+        _fail(f"--seeds {bad}: run seeds < {FIRST_DEV_SEED} are evaluation seeds (a comparison run with seed S trains "
+              f"on the batch seed S gives here); tune on dev seeds (default {list(DEV_SEEDS)}), or pass "
+              "--allow-eval-seeds to look at an evaluation batch on purpose")
+    if bad:
+        print(f"# warning: --seeds {bad} are evaluation seeds; nothing chosen here may be called tuned on dev seeds")
+
+
+def _fail(msg: str):
+    print(f"error: {msg}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+# ------------------------------------------------------------------------------------------- aggregation
+SUMMARY_KEYS = (("format_errors", "fmt err"), ("success", "success"), ("dev_success", "dev"), ("update_kl", "KL"),
+                ("live", "live"))
+
+
+def live_share(minibatches) -> float | None:
+    """The mean over an update's actor mini-batches of the share of tokens still getting gradient (None: none)."""
+    vals = [m["live"] for m in minibatches if m.get("live") is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
+def summarize(rows, confidence: float = 0.95) -> dict:
+    """Per variant label: ``{key: (mean, low, high, n)}`` over its rows (one per batch) for ``SUMMARY_KEYS``, the
+    t interval of ``report.intervals.t_interval``; a key no row has is left out."""
+    from ragen_turn.report.intervals import t_interval
+
+    out: dict = {}
+    for label in dict.fromkeys(r["label"] for r in rows):
+        own = [r for r in rows if r["label"] == label]
+        out[label] = {}
+        for key, _ in SUMMARY_KEYS:
+            vals = [r[key] for r in own if r.get(key) is not None]
+            if vals:
+                out[label][key] = (*t_interval(vals, confidence), len(vals))
+    return out
+
+
+def paired_difference(rows, label: str, ref: str, key: str = "format_errors", confidence: float = 0.95):
+    """``label``'s ``key`` minus ``ref``'s on the same batches (seeds both have): ``(mean, low, high, n)``."""
+    from ragen_turn.report.intervals import t_interval
+
+    mine = {r["seed"]: r.get(key) for r in rows if r["label"] == label}
+    theirs = {r["seed"]: r.get(key) for r in rows if r["label"] == ref}
+    diffs = [mine[s] - theirs[s] for s in mine if s in theirs and mine[s] is not None and theirs[s] is not None]
+    return (*t_interval(diffs, confidence), len(diffs))
+
+
+def group_of(label: str) -> str:
+    """The group a variant is chosen within: its label's first word (``--tune``'s labels: ``algo lr=.. clip=..``)."""
+    return label.split(" ", 1)[0]
+
+
+def choose(summary: dict, labels, ref: str, tol: float = 0.1, objective: str = "success"):
+    """The rule: among ``labels``, those whose mean format errors are at most ``ref``'s mean + ``tol``; of those,
+    the best mean ``objective`` (ties: fewer format errors, then the label's order). Returns ``(label, why)``;
+    label None when no candidate is within ``tol`` (or ``ref`` has no rows)."""
+    if ref not in summary or "format_errors" not in summary[ref]:
+        return None, f"no rows of the reference {ref!r}"
+    bound = summary[ref]["format_errors"][0] + tol
+    ok = [lb for lb in labels
+          if lb in summary and summary[lb].get("format_errors", (float("inf"),))[0] <= bound + 1e-12]
+    if not ok:
+        return None, f"no variant within {tol} of {ref}'s format errors ({bound - tol:.3f})"
+    best = max(ok, key=lambda lb: (summary[lb].get(objective, (float("-inf"),))[0],
+                                   -summary[lb]["format_errors"][0], -list(labels).index(lb)))
+    return best, (f"best mean {objective} {summary[best][objective][0]:.3f} of {len(ok)} within {tol} of {ref}'s "
+                  f"format errors ({bound - tol:.3f})")
+
+
+def print_summary(rows, ref: str, tol: float, objective: str) -> dict:
+    """The per-variant table (mean [95% interval] over the batches) and each group's choice; returns the choices."""
+    summary = summarize(rows)
+    n_seeds = sorted({r["seed"] for r in rows})
+    print(f"\n# over {len(n_seeds)} batches (run seeds {n_seeds}): mean [95% t interval]")
+    keys = [(k, name) for k, name in SUMMARY_KEYS if any(k in v for v in summary.values())]
+    print(f"{'variant':34s} {'n':>2s} " + " ".join(f"{name:>21s}" for _, name in keys) + f" {'fmt err - ' + ref:>24s}")
+    for label, stats in summary.items():
+        cells = []
+        for k, _ in keys:
+            m, lo, hi, _n = stats.get(k, (None, None, None, 0))
+            cells.append(f"{fmt(m)} [{fmt(lo)}, {fmt(hi)}]" if m is not None else "-")
+        d = paired_difference(rows, label, ref) if label != ref else None
+        diff = f"{fmt(d[0], 3)} [{fmt(d[1])}, {fmt(d[2])}]" if d and d[3] else "-"
+        n = max((v[3] for v in stats.values()), default=0)
+        print(f"{label:34s} {n:>2d} " + " ".join(f"{c:>21s}" for c in cells) + f" {diff:>24s}")
+    choices = {}
+    groups = dict.fromkeys(group_of(lb) for lb in summary)
+    print(f"\n# the rule: best mean {objective} among a group's variants with mean format errors <= {ref}'s + {tol}")
+    for g in groups:
+        labels = [lb for lb in summary if group_of(lb) == g]
+        choices[g], why = choose(summary, labels, ref, tol, objective)
+        print(f"{g:16s} -> {choices[g] or '(none)'}: {why}")
+    return choices
+
+
+def markdown_table(rows, ref: str, choices: dict) -> str:
+    """The summary as a Markdown table (the tuning page's): a row per variant, mean [95% interval] per key."""
+    summary = summarize(rows)
+    keys = [(k, name) for k, name in SUMMARY_KEYS if any(k in v for v in summary.values())]
+    names = " | ".join(name for _, name in keys)
+    lines = [f"| grid point | batches | {names} | fmt err - {ref} (paired) | chosen |",
+             "|---|---|" + "---|" * len(keys) + "---|---|"]
+    for label, stats in summary.items():
+        cells = [f"{fmt(stats[k][0])} [{fmt(stats[k][1])}, {fmt(stats[k][2])}]" if k in stats else "-" for k, _ in keys]
+        d = paired_difference(rows, label, ref) if label != ref else None
+        diff = f"{fmt(d[0])} [{fmt(d[1])}, {fmt(d[2])}]" if d and d[3] else "(reference)"
+        n = max((v[3] for v in stats.values()), default=0)
+        chosen = "**yes**" if choices.get(group_of(label)) == label else ""
+        lines.append(f"| `{label}` | {n} | " + " | ".join(cells) + f" | {diff} | {chosen} |")
+    return "\n".join(lines)
+
+
+def read_rows(path: str) -> list:
+    """The rows a run wrote to ``--out`` (one JSON object a line; the warm start's rows are labelled so)."""
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+# ------------------------------------------------------------------------------------------- the grid
+def tune_variants(algos, lrs, clips, compose=None) -> dict:
+    """The equal-tuning grid: for every algorithm the same actor lrs x clip multipliers (times the algorithm's
+    shipped ``clip_ratio_low/high``: token PPO's 0.2 / 0.28, GSPO's 3e-4 / 4e-4, ...). Labels ``algo lr=.. clip=x..``.
+    ``compose(overrides)`` gives a config (default: ``compose_config``; a test passes its own)."""
+    if compose is None:
+        from ragen_turn.compose import compose_config as compose
+    actors = {algo: compose([f"algo={algo}"]).actor_rollout_ref.actor for algo in algos}
+    out = {}
+    for lr in lrs:  # grid points outer, algorithms inner: a call stopped early has every algorithm at its first points
+        for c in clips:
+            for algo, a in actors.items():
+                out[f"{algo} lr={lr:g} clip=x{c:g}"] = [
+                    f"algo={algo}", f"{A}.optim.lr={lr:g}", f"{A}.clip_ratio_low={float(a.clip_ratio_low) * c:.6g}",
+                    f"{A}.clip_ratio_high={float(a.clip_ratio_high) * c:.6g}"]
+    return out
 
 
 def main(argv=None):
@@ -161,69 +322,119 @@ def main(argv=None):
     ap.add_argument("--setting", default="long_turns", choices=sorted(SETTINGS))
     ap.add_argument("--variant", action="append", default=[], help="'label: overrides' (repeat); default: the study's")
     ap.add_argument("--only", nargs="*", default=None, help="run only these labels of the default variants")
+    ap.add_argument("--tune", nargs="*", default=None, metavar="ALGO", help="the tuning grid for these algorithms")
+    ap.add_argument("--lrs", nargs="*", type=float, default=[1e-4, 2e-4, 4e-4], help="--tune's actor lrs")
+    ap.add_argument("--clips", nargs="*", type=float, default=[1.0], help="--tune's clip multipliers")
+    ap.add_argument("--seeds", nargs="*", type=int, default=list(DEV_SEEDS),
+                    help="dev run seeds (>= 100), one batch each")
+    ap.add_argument("--allow-eval-seeds", action="store_true", help="allow run seeds < 100 (a comparison's batches)")
+    ap.add_argument("--ref", default=None, help="the reference of the rule (default: token_ppo's shipped label)")
+    ap.add_argument("--tol", type=float, default=0.1, help="the rule's bound on mean format errors above --ref's")
+    ap.add_argument("--objective", default="success", choices=("success", "dev_success"))
+    ap.add_argument("--summarize", nargs="+", default=None, metavar="JSONL",
+                    help="only print the table and choices of the rows in these files (--out of one or more calls)")
+    ap.add_argument("--markdown", action="store_true", help="with --summarize: the table in Markdown too")
     ap.add_argument("--shared-adv", default=None, help="the label of a variant whose advantages every variant uses")
     ap.add_argument("--dev", type=int, default=0, help="also evaluate on N dev rooms after the update (0: off)")
-    ap.add_argument("--out", default=None, help="write one JSON line per variant here")
+    ap.add_argument("--out", default=None, help="append one JSON line per variant and batch here; rows already "
+                                                "there (label, seed) are not run again (resume)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--verbose", action="store_true")
-    ap.add_argument("overrides", nargs="*", help="overrides for every variant (after --), e.g. seed=0")
+    ap.add_argument("overrides", nargs="*", help="overrides for every variant (after --)")
     args = ap.parse_args(argv)
+
+    if args.summarize:
+        rows = [r for path in args.summarize for r in read_rows(path) if r["label"] != "(warm start)"]
+        ref = args.ref or _default_ref(rows)
+        choices = print_summary(rows, ref, args.tol, args.objective)
+        if args.markdown:
+            print("\n" + markdown_table(rows, ref, choices))
+        return choices
+    check_seeds(args.seeds, args.overrides, args.allow_eval_seeds)
 
     import torch
 
     torch.set_num_threads(args.threads)
-    variants = dict(parse_variant(v) for v in args.variant) if args.variant else \
-        {k: shlex.split(v) for k, v in DEFAULT_VARIANTS.items() if args.only is None or k in args.only}
     base = SETTINGS[args.setting] + COMMON + list(args.overrides)
+    if args.tune is not None:
+        variants = {lb: ov for lb, ov in tune_variants(args.tune, args.lrs, args.clips).items()}
+    else:
+        variants = dict(parse_variant(v) for v in args.variant) if args.variant else \
+            {k: shlex.split(v) for k, v in DEFAULT_VARIANTS.items() if args.only is None or k in args.only}
     if args.dev:
         base.append(f"es_manager.val.env_groups={args.dev}")
+    ref = args.ref or _default_ref([{"label": lb} for lb in variants])
     root = tempfile.mkdtemp(prefix="one_update_")
     log = print if args.verbose else (lambda *a, **k: None)
+    done = {(r["label"], r["seed"]) for r in read_rows(args.out)} if args.out and os.path.exists(args.out) else set()
+    rows = [r for r in read_rows(args.out) if r["label"] != "(warm start)"] if done else []
+    out = open(args.out, "a") if args.out else None
+    print(f"# one_update: {' '.join(base)}; {len(variants)} variants x run seeds {args.seeds}"
+          + (f"; {len(done)} rows already in {args.out}" if done else ""))
+    for seed in args.seeds:
+        todo = {lb: ov for lb, ov in variants.items() if (lb, seed) not in done}
+        if todo:
+            rows += one_batch(seed, base + [f"seed={seed}"], todo, args, root, log, out)
+    if out:
+        out.close()
+    return print_summary(rows, ref, args.tol, args.objective)
 
-    # the batch: rolled out once by the warm start (any variant's trainer rolls out the same one: same weights
-    # and seeds), with the fresh-rollout numbers of the warm start itself as the "before" row
+
+def _default_ref(rows) -> str:
+    """token_ppo's shipped setting among the labels: ``token_ppo``, or the grid's ``token_ppo lr=0.0002 clip=x1``."""
+    labels = [r["label"] for r in rows]
+    for lb in ("token_ppo", "token_ppo lr=0.0002 clip=x1"):
+        if lb in labels:
+            return lb
+    return labels[0] if labels else "token_ppo"
+
+
+def one_batch(seed: int, base, variants: dict, args, root: str, log, out) -> list:
+    """Every variant on run seed ``seed``'s first batch; prints a line per variant, returns the rows."""
+    from ragen_turn.engines.runlog import episode_metrics
+
     first = next(iter(variants.values()))
     t0 = time.time()
-    trainer = build(base + first, os.path.join(root, "_batch"), log)
+    trainer = build(base + first, os.path.join(root, f"_batch{seed}"), log)
     batch0 = trainer.rollout(0)
-    before = fresh_rollout(trainer, args.dev)
-    print(f"# one_update: {' '.join(base)}; batch of {batch0.batch_size} episodes, "
-          f"{int(batch0.response_mask.sum())} sampled tokens ({time.time() - t0:.0f} s)")
-    print(f"# before the update: format errors {fmt(before['format_errors'])}, tokens/turn "
+    m = episode_metrics(batch0)  # the warm start's own numbers: its rollout is this batch (same weights and seeds)
+    before = {"format_errors": m["env/format_error_rate"], "success": m["env/success"],
+              "tokens_per_turn": m["env/response_tokens"] / max(m["env/turns"], 1e-9)}
+    if args.dev:
+        before["dev_success"] = trainer.evaluate()["val/success"]
+    print(f"# seed {seed}: batch of {batch0.batch_size} episodes, {int(batch0.response_mask.sum())} sampled tokens "
+          f"({time.time() - t0:.0f} s); before the update: format errors {fmt(before['format_errors'])}, tokens/turn "
           f"{fmt(before['tokens_per_turn'], 1)}, success {fmt(before['success'])}"
           + (f", dev success {fmt(before['dev_success'])}" if args.dev else ""))
     shared = None
     if args.shared_adv is not None:
         if args.shared_adv not in variants:
             raise SystemExit(f"--shared-adv {args.shared_adv!r}: not one of the variants {sorted(variants)}")
-        t = build(base + variants[args.shared_adv], os.path.join(root, "_shared"), log)
+        t = build(base + variants[args.shared_adv], os.path.join(root, f"_shared{seed}"), log)
         b = t.filter_groups(copy.deepcopy(batch0))
         t.score(b)
         t.compute_advantages(b)
         shared = b.advantages
         print(f"# advantages: {args.shared_adv}'s, shared by every variant")
     del trainer
-
-    rows = [dict(before, label="(warm start)", update_kl=0.0, minibatches=[])]
-    out = open(args.out, "w") if args.out else None
-    head = f"{'variant':28s} {'mini-batches: kl / turns clipped / live / grad norm / scale':60s} " \
-           f"{'KL':>6s} {'fmt err':>7s} {'tok/turn':>8s} {'success':>7s}" + (f" {'dev':>6s}" if args.dev else "")
-    print(head)
+    if out:
+        out.write(json.dumps(dict(before, label="(warm start)", seed=seed, update_kl=0.0, minibatches=[])) + "\n")
+    print(f"{'variant':34s} {'seed':>4s} {'mini-batches: kl / turns clipped / live / grad norm / scale':60s} "
+          f"{'KL':>6s} {'fmt err':>7s} {'tok/turn':>8s} {'success':>7s}" + (f" {'dev':>6s}" if args.dev else ""))
+    rows = []
     for label, ov in variants.items():
         row = one_variant(label, base + ov, batch0, shared, args.dev, root, not args.verbose)
+        row["seed"], row["live"] = seed, live_share(row["minibatches"])
         rows.append(row)
         mbs = " | ".join(f"{fmt(m['kl'])}/{fmt(m['turns_clip'], 2)}/{fmt(m['live'], 2)}/{fmt(m['gnorm'], 2)}"
                          + ("" if m['scale'] is None else f"/{fmt(m['scale'], 2)}") + ("" if m['stepped'] else "x")
                          for m in row["minibatches"])
-        print(f"{label:28s} {mbs:60s} {fmt(row['update_kl']):>6s} {fmt(row['format_errors']):>7s} "
+        print(f"{label:34s} {seed:>4d} {mbs:60s} {fmt(row['update_kl']):>6s} {fmt(row['format_errors']):>7s} "
               f"{fmt(row['tokens_per_turn'], 1):>8s} {fmt(row['success']):>7s}"
-              + (f" {fmt(row.get('dev_success')):>6s}" if args.dev else ""), flush=True)
+              + (f" {fmt(row.get('dev_success')):>6s}" if args.dev else "") + f"  ({row['seconds']:.0f} s)", flush=True)
         if out:
             out.write(json.dumps(row) + "\n")
             out.flush()
-    if out:
-        out.write(json.dumps(rows[0]) + "\n")
-        out.close()
     return rows
 
 

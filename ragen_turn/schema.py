@@ -212,6 +212,8 @@ class PolicyLossConfig:
     loss_agg_mode: Optional[str] = key(None, choices=_loss_agg_modes)
     turn_band: str = key("fixed", choices=_turn_bands)  # fixed | sqrt_len: a turn ratio's clip band (SPEC)
     token_band: bool = key(False)  # inside a turn ratio, tokens outside token PPO's band get no gradient (SPEC)
+    token_clip_low: float = key(0.2, ge=0, lt=1)  # token_band's band (token PPO's), not the turn's clip range
+    token_clip_high: float = key(0.28, **NON_NEGATIVE)
     loss_scale_factor: Optional[float] = key(None, **POSITIVE)  # seq-mean-token-sum-norm's constant (verl's key)
     clip_bias: bool = key()
     clip_bias_level: str = key(choices=("sample", "batch"))

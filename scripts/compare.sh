@@ -10,7 +10,9 @@
 #   (--keep-runs: the runs' configs and metrics are kept, committed, in results/<setting>/runs: the page survives runs/)
 #
 # Environment: ALGOS (default: the comparison's algorithms that have a config/algo/<name>.yaml), SEEDS
-# ("0 1 2 3 4"), RUNS (instead of ALGOS x SEEDS, a list of algo:seed, e.g. "grpo:3 st_ppo:4": the runs another
+# ("0 1 2 3 4"; evaluation seeds are 0-99, a fresh comparison takes new ones, e.g. "10 11 12 13 14": run seeds
+# 100+ are the tuning harness's dev batches and refused here: docs/SPEC.md "Tuning seeds and evaluation seeds"),
+# RUNS (instead of ALGOS x SEEDS, a list of algo:seed, e.g. "grpo:3 st_ppo:4": the runs another
 # machine has not made), PARALLEL (2), BUDGET_S (each run's trainer.time_budget_s for this call: a run that spends it
 # evaluates, checkpoints and stops, and the next call resumes it; unset = none), DEADLINE (epoch seconds: each run's
 # budget ends then, and a run with under MIN_RUN_S (120) seconds left is not started: for a machine lent until a time),
@@ -44,6 +46,11 @@ if [ "${MPS:-0}" = 1 ] && ! command -v nvidia-cuda-mps-control > /dev/null; then
   echo "[compare] MPS=1: nvidia-cuda-mps-control not found (it comes with NVIDIA's driver)" >&2; exit 2
 fi
 SEEDS=${SEEDS:-0 1 2 3 4}
+for s in $SEEDS $(for r in ${RUNS:-}; do echo "${r##*:}"; done); do  # dev seeds are the tuning harness's batches
+  if [ "$s" -ge 100 ] 2>/dev/null; then
+    echo "error: seed $s: run seeds >= 100 are dev (tuning) seeds; a comparison uses evaluation seeds 0-99" >&2; exit 2
+  fi
+done
 PARALLEL=${PARALLEL:-2}
 COMMON=("${TARGET[@]}" +sweep=compare trainer.resume=true "$@")
 [ -n "${BUDGET_S:-}" ] && COMMON+=("trainer.time_budget_s=$BUDGET_S")

@@ -11,6 +11,7 @@ CASES = [
     # issue 18, item 4: found after expensive work before
     (["actor_rollout_ref.rollout.temperature=-1"], "actor_rollout_ref.rollout.temperature"),
     (["actor_rollout_ref.actor.clip_ratio_low=-0.2"], "actor_rollout_ref.actor.clip_ratio_low"),
+    (["actor_rollout_ref.actor.policy_loss.token_clip_low=1.0"], "actor_rollout_ref.actor.policy_loss.token_clip_low"),
     (["es_manager.format_penalty=abc"], "es_manager.format_penalty"),
     (["es_manager.format_penalty=-inf"], "es_manager.format_penalty"),
     (["actor_rollout_ref.actor.optim.lr=-1"], "actor_rollout_ref.actor.optim.lr"),

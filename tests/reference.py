@@ -157,15 +157,16 @@ def ref_ragen_bi_level(token_rewards, values, mask, gamma, lam, high_gamma):
 
 def ref_policy_loss(name, old_logp, logp, adv, mask, low=0.2, high=0.28, ratio_mode=None, agg=None,
                     clip_bias=False, clip_c=3.0, stat="mass", level="sample", threshold=None,
-                    token_band=False, turn_band="fixed", loss_scale_factor=None):
+                    token_band=False, turn_band="fixed", loss_scale_factor=None, token_low=0.2, token_high=0.28):
     """Loop reference of every policy loss; differentiable through ``logp`` (torch scalar ops).
 
     Dual clip (``clip_c``): for A < 0 a unit's loss is capped at ``-A c``. The correction: ``mass``
     (sqrt of the summed (n w A)^2 over units clipping gives no gradient, over the others' sum) or ``rms``
     (RMS of w_t A_t over tokens whose own ratio is outside [1-low, 1+high], over the inside ones' RMS),
     per row (``sample``) or over the batch; scale 1/r where r > threshold; a dual-clipped unit enters the mass
-    statistic at ratio c. ``token_band``: a token outside token PPO's band on its (turn's) advantage's side adds its
-    log-ratio to its turn ratio detached. ``turn_band=sqrt_len``: a turn's band on its summed log-ratio is
+    statistic at ratio c. ``token_band``: a token outside token PPO's band ([1-token_low, 1+token_high], not the
+    turn's clip range) on its (turn's) advantage's side adds its log-ratio to its turn ratio detached.
+    ``turn_band=sqrt_len``: a turn's band on its summed log-ratio is
     sqrt(n) x [log(1-low), log(1+high)] (divided by n for the geo-mean)."""
     B, T = mask.shape
     turn_unit = name in ("turn_ppo", "turn_ppo_geo")
@@ -180,6 +181,7 @@ def ref_policy_loss(name, old_logp, logp, adv, mask, low=0.2, high=0.28, ratio_m
     agg = agg or ("turn-mean" if turn_unit else "token-mean")
     rows = []  # per row: list of (ratio tensor, adv float, n_tokens, (log_low, log_high))
     fixed = (math.log(1 - low), math.log(1 + high))
+    token_fixed = (math.log(1 - token_low), math.log(1 + token_high))
     for b in range(B):
         units = []
         for toks in turns_of(mask[b]):
@@ -188,7 +190,7 @@ def ref_policy_loss(name, old_logp, logp, adv, mask, low=0.2, high=0.28, ratio_m
             for t in toks:
                 dt = logp[b, t] - old_logp[b, t]
                 a_gate = turn_a if turn_unit else adv[b, t].item()
-                out = (a_gate > 0 and dt.item() > fixed[1]) or (a_gate < 0 and dt.item() < fixed[0])
+                out = (a_gate > 0 and dt.item() > token_fixed[1]) or (a_gate < 0 and dt.item() < token_fixed[0])
                 d.append(dt.detach() if (token_band and turn_ratio and out) else dt)
             s = sum(d)
             n = len(toks)

@@ -589,6 +589,9 @@ CONFIGS = [{}, {"clip_bias": True}, {"clip_bias": True, "clip_bias_level": "batc
            {"turn_band": "sqrt_len", "clip_bias": True},
            {"token_band": True, "turn_band": "sqrt_len", "clip_ratio_c": 2.0},
            {"loss_agg_mode": "seq-mean-turn-sum-token-norm", "token_band": True},
+           # token_band's own band: token PPO's under GSPO's turn band (issue #58), and a band of its own
+           {"token_band": True, "clip_ratio_low": 3e-4, "clip_ratio_high": 4e-4},
+           {"token_band": True, "token_clip_low": 0.1, "token_clip_high": 0.15, "turn_band": "sqrt_len"},
            {"loss_agg_mode": "seq-mean-token-sum", "clip_bias": True},
            {"loss_agg_mode": "seq-mean-token-sum-norm", "loss_scale_factor": 20.0}]
 TOKEN_ONLY_AGGS = ("seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
@@ -599,7 +602,9 @@ def _ref_kwargs(cfg):
                 level=cfg.get("clip_bias_level", "sample"), threshold=cfg.get("clip_bias_threshold"),
                 agg=cfg.get("loss_agg_mode"), clip_c=cfg.get("clip_ratio_c", 3.0),
                 token_band=cfg.get("token_band", False), turn_band=cfg.get("turn_band", "fixed"),
-                loss_scale_factor=cfg.get("loss_scale_factor"))
+                loss_scale_factor=cfg.get("loss_scale_factor"), low=cfg.get("clip_ratio_low", 0.2),
+                high=cfg.get("clip_ratio_high", 0.28), token_low=cfg.get("token_clip_low", 0.2),
+                token_high=cfg.get("token_clip_high", 0.28))
 
 
 def _valid(name, cfg):
@@ -837,6 +842,38 @@ def test_token_band_takes_the_gradient_of_tokens_outside_token_ppos_band_hand_ca
     a, _ = policy_loss("token_ppo", logp, old, adv, mask)
     b, mb = policy_loss("token_ppo", logp, old, adv, mask, config={"token_band": True})
     assert a.item() == b.item() and mb["actor/token_band_frac"] == 0.0
+
+
+def test_token_band_gates_at_token_ppos_band_under_a_gspo_turn_band_hand_case():
+    """Issue #58's hand case. A GSPO turn band (3e-4 / 4e-4) on a geo-mean ratio, A = +1, one turn of three tokens
+    d = (+0.01, -0.01, +0.1): every token is inside token PPO's band [log 0.8, log 1.28], so token_band masks none
+    and each keeps its gradient (A = -1: the turn's mean log-ratio 0.033 is above GSPO's band, which clips A < 0
+    only below it, so the turn stays live). Then, A = +1, a token d = +0.4 > log 1.28: it alone is masked."""
+    gspo = {"clip_ratio_low": 3e-4, "clip_ratio_high": 4e-4}
+    old = torch.zeros(1, 3)
+    mask = torch.ones(1, 3)
+    adv = -torch.ones(1, 3)  # the turn's mean log-ratio 0.033 > 0: on A < 0's side it is not clipped
+    for name in ("turn_ppo_geo", "turn_is", "st_ppo"):
+        logp = torch.tensor([[0.01, -0.01, 0.1]], requires_grad=True)
+        base, _ = policy_loss(name, logp, old, adv, mask, config=gspo)
+        loss, m = policy_loss(name, logp, old, adv, mask, config={**gspo, "token_band": True})
+        (g0,) = torch.autograd.grad(base, logp)
+        (g,) = torch.autograd.grad(loss, logp)
+        assert loss.item() == pytest.approx(base.item())
+        assert torch.equal(g, g0) and bool((g != 0).all()), name  # all three keep their gradient
+        assert m["actor/token_band_frac"] == 0.0
+        # before the fix the gate read the turn's band: d = +-0.01 are outside 3e-4 / 4e-4 and lost it
+        legacy = {**gspo, "token_band": True, "token_clip_low": 3e-4, "token_clip_high": 4e-4}
+        _, m_legacy = policy_loss(name, logp, old, adv, mask, config=legacy)
+        assert m_legacy["actor/token_band_frac"] == pytest.approx(1 / 3)  # d = -0.01 < log(1 - 3e-4) with A < 0
+    # one token outside token PPO's band on its advantage's side: it alone is masked (A = +1, d = +0.4)
+    old, mask, adv = torch.zeros(1, 4), torch.ones(1, 4), torch.ones(1, 4)
+    for name in ("turn_ppo_geo", "turn_is", "st_ppo"):
+        logp = torch.tensor([[0.01, -0.01, -0.5, 0.4]], requires_grad=True)  # mean -0.025: live for A > 0
+        loss, m = policy_loss(name, logp, old, adv, mask, config={**gspo, "token_band": True})
+        (g,) = torch.autograd.grad(loss, logp)
+        assert g[0, 3].item() == 0.0 and bool((g[0, :3] != 0).all()), name
+        assert m["actor/token_band_frac"] == pytest.approx(0.25)
 
 
 def test_turn_band_sqrt_len_hand_cases():

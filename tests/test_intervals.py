@@ -107,3 +107,20 @@ def test_improvement_interval():
     assert I.interval(I.probability_of_improvement, [x, y], reps=2000) == (1.0, 1.0, 1.0)  # x always ahead
     point, lo, hi = I.interval(I.probability_of_improvement, [x, x + 0.001], reps=2000)
     assert point == pytest.approx(0.4) and lo < 0.5 < hi     # x_i > y_j for the 10 pairs i > j of 25: the CI holds 0.5
+
+
+def test_t_interval_hand_cases():
+    """Five values 1..5: mean 3, s = sqrt(2.5), t(4, 0.975) = 2.7764 -> 3 -+ 1.9632; t(1, 0.975) = 12.706."""
+    m, lo, hi = I.t_interval([1, 2, 3, 4, 5])
+    assert m == 3.0 and lo == pytest.approx(3 - 2.776445 * math.sqrt(2.5) / math.sqrt(5), rel=1e-6)
+    assert hi - m == pytest.approx(m - lo) and hi == pytest.approx(4.963243, rel=1e-6)
+    m, lo, hi = I.t_interval([0.0, 1.0])
+    assert (m, lo, hi) == pytest.approx((0.5, 0.5 - 12.706205 * 0.5, 0.5 + 12.706205 * 0.5), rel=1e-6)
+    assert I.t_interval([0.2, 0.2, 0.2]) == (pytest.approx(0.2), pytest.approx(0.2), pytest.approx(0.2))
+    m, lo, hi = I.t_interval([0.4])
+    assert m == 0.4 and math.isnan(lo) and math.isnan(hi)
+    assert all(math.isnan(x) for x in I.t_interval([]))
+    with pytest.raises(ValueError):
+        I.t_interval([1.0, float("nan")])
+    # 90 % is narrower than 95 %
+    assert I.t_interval([1, 2, 4], confidence=0.9)[2] < I.t_interval([1, 2, 4])[2]

@@ -165,6 +165,35 @@ def test_adapter_reads_knobs_from_verls_actor_config(model_dir):
 
 
 @needs_verl
+def test_token_band_reads_its_own_band_through_verls_actor_config(model_dir):
+    """token_band's band (policy_loss.token_clip_low/high) travels through verl's ActorConfig: under
+    turn_ppo_geo's GSPO turn band the registered loss gates tokens at that band, as the core loss does."""
+    from verl.trainer.ppo import core_algos
+    from verl.utils.config import omega_conf_to_dataclass
+
+    from ragen_turn import algos
+
+    mask, _, _, adv = random_turn_batch(4, turn_constant=True)
+    old, new = random_logps(mask, 11, spread=0.3)
+    for low, high in ((0.2, 0.28), (0.05, 0.06)):
+        _, vcfg = verl_cfg(model_dir, "algo=turn_ppo_geo", f"actor_rollout_ref.actor.policy_loss.token_clip_low={low}",
+                           f"actor_rollout_ref.actor.policy_loss.token_clip_high={high}")
+        actor = omega_conf_to_dataclass(vcfg.actor_rollout_ref.actor)
+        assert (actor.policy_loss.token_clip_low, actor.policy_loss.token_clip_high) == (low, high)
+        assert actor.policy_loss.token_band and actor.clip_ratio_high == pytest.approx(4e-4)
+        lv, mv = core_algos.get_policy_loss_fn("turn_ppo_geo")(old, new, adv, mask.bool(), "token-mean", actor, None)
+        core = {"clip_ratio_low": 3e-4, "clip_ratio_high": 4e-4, "token_band": True,
+                "token_clip_low": low, "token_clip_high": high}
+        lc, mc = algos.get_policy_loss_fn("turn_ppo_geo")(old, new, adv, mask, None, core)
+        assert torch.allclose(lv, lc, atol=1e-6)
+        assert mv["actor/token_band_frac"] == pytest.approx(mc["actor/token_band_frac"])
+        # the gate is token PPO's band, not the turn's 3e-4 / 4e-4 (which would gate nearly every token)
+        turn_band = algos.get_policy_loss_fn("turn_ppo_geo")(old, new, adv, mask, None, {
+            **core, "token_clip_low": 3e-4, "token_clip_high": 4e-4})[1]["actor/token_band_frac"]
+        assert mc["actor/token_band_frac"] < turn_band
+
+
+@needs_verl
 @pytest.mark.parametrize("name,agg,knobs", [
     ("token_ppo", None, {}), ("st_ppo", None, {}), ("turn_ppo", None, {}), ("turn_ppo", "token-mean", {}),
     ("s_ppo", "seq-mean-token-mean", {}), ("turn_ppo", None, {"clip_bias": True, "clip_bias_stat": "rms"}),
@@ -383,6 +412,8 @@ def test_config_mapping_is_accepted_by_verls_config_classes(model_dir, algo):
     assert a.clip_ratio_c == ours.clip_ratio_c == 3.0  # dual clip: verl's key, read by verl's and our losses
     assert a.policy_loss.clip_bias_stat == ours.policy_loss.clip_bias_stat
     assert a.policy_loss.clip_bias_threshold == ours.policy_loss.clip_bias_threshold
+    assert (a.policy_loss.token_clip_low, a.policy_loss.token_clip_high) == \
+        (ours.policy_loss.token_clip_low, ours.policy_loss.token_clip_high) == (0.2, 0.28)
     assert a.optim.lr == ours.optim.lr and a.ppo_epochs == cfg.ppo_epochs
     assert (a.optim.lr_warmup_steps, a.optim.lr_warmup_steps_ratio) == (3, 0.0)  # verl runs the warm-up itself
     assert a.ppo_mini_batch_size == cfg.ppo_mini_batch_size and a.use_kl_loss and a.shuffle is False

@@ -19,7 +19,9 @@ checked by :func:`loss_settings`:
 - ``turn_band``: ``fixed`` (the turn's log-ratio in ``[log(1-low), log(1+high)]``) or ``sqrt_len`` (that band
   times ``sqrt(n_h)`` on the turn's summed log-ratio, for a turn of n_h tokens, whichever ``ratio_mode``);
 - ``token_band`` (bool): inside a turn ratio, a token whose own ratio has left token PPO's band on the side its
-  advantage pushes gives its turn ratio no gradient (the value is unchanged);
+  advantage pushes gives its turn ratio no gradient (the value is unchanged); ``token_clip_low`` (0.2) and
+  ``token_clip_high`` (0.28) are that band, its own keys: the turn's clip range (GSPO's 3e-4 / 4e-4 for a
+  geo-mean ratio) does not move it;
 - ``clip_bias`` (bool), ``clip_bias_level`` (``sample``/``batch``), ``clip_bias_stat`` (``mass``/``rms``)
   and ``clip_bias_threshold`` (null = 1 for mass, 5 for rms): the clipping-bias correction.
 
@@ -81,6 +83,8 @@ class LossSettings:
     turn_band: str = "fixed"
     token_band: bool = False
     loss_scale_factor: Optional[float] = None
+    token_clip_low: float = 0.2  # token_band's band (token PPO's), whatever the turn ratio's clip range
+    token_clip_high: float = 0.28
 
     @property
     def log_ratio_cap(self) -> float:
@@ -121,9 +125,15 @@ def loss_settings(config: Any) -> LossSettings:
     scale = cfg_get(config, "loss_scale_factor", None)
     if scale is not None and not (float(scale) > 0 and math.isfinite(float(scale))):
         raise ValueError(f"loss_scale_factor must be a finite number > 0, got {scale}")
+    tok_low = float(cfg_get(config, "token_clip_low", 0.2))
+    tok_high = float(cfg_get(config, "token_clip_high", 0.28))
+    if not 0 <= tok_low < 1:
+        raise ValueError(f"token_clip_low must be in [0, 1), got {tok_low}")
+    if not (tok_high >= 0 and math.isfinite(tok_high)):
+        raise ValueError(f"token_clip_high must be a finite number >= 0, got {tok_high}")
     return LossSettings(low, high, c, mode, agg, bool(cfg_get(config, "clip_bias", False)), level, stat, thr,
                         band, bool(cfg_get(config, "token_band", False)),
-                        None if scale is None else float(scale))
+                        None if scale is None else float(scale), tok_low, tok_high)
 
 
 @dataclass(frozen=True)
@@ -452,8 +462,9 @@ def _turn_log_ratio(log_ratio: torch.Tensor, turn_ids: torch.Tensor, H: int, mod
 def token_band_gate(log_ratio: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
                     settings: LossSettings) -> tuple[torch.Tensor, torch.Tensor]:
     """``token_band``: the token log-ratios a turn ratio is built from, with the tokens outside token PPO's band on
-    their advantage's side (A > 0 and d_t > log(1+high), or A < 0 and d_t < log(1-low)) detached: their value
-    still counts in the turn ratio, their gradient does not. Off: ``log_ratio`` as it is.
+    their advantage's side (A > 0 and d_t > log(1+token_clip_high), or A < 0 and d_t < log(1-token_clip_low))
+    detached: their value still counts in the turn ratio, their gradient does not. The band is
+    ``settings.token_clip_low/high``, not the turn ratio's clip range. Off: ``log_ratio`` as it is.
 
     Args:
         log_ratio, advantages, mask: ``[B, T]`` (advantages: the token's own, or its turn's).
@@ -462,7 +473,7 @@ def token_band_gate(log_ratio: torch.Tensor, advantages: torch.Tensor, mask: tor
     """
     if not settings.token_band:
         return log_ratio, None
-    gated = clip_region(log_ratio.detach(), advantages, settings.clip_low, settings.clip_high) & mask.bool()
+    gated = clip_region(log_ratio.detach(), advantages, settings.token_clip_low, settings.token_clip_high) & mask.bool()
     return torch.where(gated, log_ratio.detach(), log_ratio), gated
 
 

@@ -20,6 +20,14 @@ DEV_SEED_OFFSET = 2_000_000_000  # es_manager.val.seeds=dev: a validation range 
 VAL_SEED_RANGES = {"heldout": VAL_SEED_OFFSET, "dev": DEV_SEED_OFFSET}
 
 
+def train_env_seed(run_seed: int, step: int, group_id: int) -> int:
+    """The env seed of train group ``group_id`` at ``step`` (0-based) of run ``seed=run_seed``: a hash of the
+    three (numpy's ``SeedSequence``) into ``[0, VAL_SEED_OFFSET)``. So a run seed's batches are its own: run seed
+    100's step-0 batch is no batch of any run whose seed is not 100 (``benchmarks/one_update.py``'s dev seeds)."""
+    ss = np.random.SeedSequence([int(run_seed), int(step), int(group_id)])
+    return int(ss.generate_state(1, dtype=np.uint64)[0] % VAL_SEED_OFFSET)
+
+
 @dataclass
 class EnvSlot:
     """One environment instance in the batch and where its episode comes from."""
@@ -121,8 +129,7 @@ class EnvGroupManager:
             if self.split == "val":
                 slot.seed = self.seed_offset + slot.group_id
             else:
-                ss = np.random.SeedSequence([int(run_seed), int(step), int(slot.group_id)])
-                slot.seed = int(ss.generate_state(1, dtype=np.uint64)[0] % VAL_SEED_OFFSET)
+                slot.seed = train_env_seed(run_seed, step, slot.group_id)
         return self.slots
 
     def close(self) -> None:

@@ -10,7 +10,8 @@ must import it: the verl engine sets ``VERL_USE_EXTERNAL_MODULES`` (read by ``im
 The maths is ``ragen_turn.algos``; an adapter only
 - reads our knobs from verl's ``ActorConfig`` (``clip_ratio_low/high``, ``clip_ratio_c`` and
   ``policy_loss.{ratio_mode, clip_bias, clip_bias_level, clip_bias_stat, clip_bias_threshold,
-  loss_agg_mode, turn_band, token_band, loss_scale_factor}``, see :class:`RagenPolicyLossConfig`),
+  loss_agg_mode, turn_band, token_band, token_clip_low, token_clip_high, loss_scale_factor}``, see
+  :class:`RagenPolicyLossConfig`),
 - takes the turns from the runs of 1s in ``response_mask`` (all a registered loss sees), and
 - hands verl's global mini-batch counts to the loss as :class:`ragen_turn.algos.GlobalCounts`: verl
   back-propagates each micro-batch loss as is, so a loss must be ``sum over its units / (units in the
@@ -31,7 +32,7 @@ from ragen_turn import algos
 from ragen_turn.cfg_get import cfg_get
 
 _KNOBS = ("ratio_mode", "clip_bias", "clip_bias_level", "clip_bias_stat", "clip_bias_threshold", "loss_agg_mode",
-          "turn_band", "token_band", "loss_scale_factor")
+          "turn_band", "token_band", "token_clip_low", "token_clip_high", "loss_scale_factor")
 
 @dataclass
 class RagenPolicyLossConfig(PolicyLossConfig):
@@ -50,6 +51,8 @@ class RagenPolicyLossConfig(PolicyLossConfig):
     loss_agg_mode: Optional[str] = None
     turn_band: str = "fixed"
     token_band: bool = False
+    token_clip_low: float = 0.2
+    token_clip_high: float = 0.28
     loss_scale_factor: Optional[float] = None
 
 
