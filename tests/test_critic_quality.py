@@ -93,3 +93,68 @@ def test_no_critic_no_heldout_explained_variance(tmp_path):
 
     tr = build_trainer(micro_config(["algo=grpo"], run_dir=tmp_path), log=_quiet)
     assert "val/critic_explained_var" not in tr.evaluate()
+
+
+def test_a_resumed_run_with_a_critic_warmup_gives_the_metrics_of_an_uninterrupted_one(tmp_path):
+    """trainer.critic_warmup=3 (steps 1-2 train only the critic), stopped after step 2, inside the warm-up, and
+    resumed: every metric of every step (held-out critic quality included) is the uninterrupted run's."""
+    import json
+
+    from ragen_turn.engines.local.trainer import build_trainer
+
+    common = ["algo=turn_ppo", "trainer.critic_warmup=3", "trainer.save_freq=1", "trainer.test_freq=2",
+              "trainer.total_training_steps=4"]
+    full = build_trainer(micro_config(common, run_dir=tmp_path / "full"), log=_quiet)
+    full.fit()
+    part = build_trainer(micro_config(common + ["trainer.total_training_steps=2"], run_dir=tmp_path / "part"),
+                         log=_quiet)
+    part.fit()
+    resumed = build_trainer(micro_config(common + ["trainer.resume=true"], run_dir=tmp_path / "part"), log=_quiet)
+    assert resumed.step == 2
+    resumed.fit()
+
+    def rows(p):
+        return [json.loads(line) for line in (p / "metrics.jsonl").read_text().splitlines()]
+
+    a, b = rows(tmp_path / "full"), rows(tmp_path / "part")
+    assert [r["step"] for r in a] == [r["step"] for r in b] == [0, 1, 2, 3, 4]
+    assert [r.get("actor/critic_warmup", 0.0) for r in a[1:]] == [1.0, 1.0, 0.0, 0.0]
+    assert all("val/critic_explained_var" in a[i] for i in (0, 2, 4))
+    for ra, rb in zip(a, b):
+        assert set(ra) == set(rb)
+        for k in ra:
+            if not k.startswith("perf/"):
+                assert ra[k] == pytest.approx(rb[k], rel=1e-6, abs=1e-7), (ra["step"], k)
+    for p1, p2 in zip(full.critic.parameters(), resumed.critic.parameters()):
+        assert torch.allclose(p1, p2, atol=1e-6)
+
+
+def test_value_clipping_off_is_the_plain_squared_error_on_both_engines(tmp_path):
+    """critic.cliprange_value=null: the local critic loss is 0.5 x the mean squared error over the critic's
+    positions (no clip); verl gets a clip range no update reaches, and its value loss is then the same number."""
+    from ragen_turn.algos import value_loss
+    from ragen_turn.engines.advantages import critic_targets
+    from ragen_turn.engines.local.trainer import build_trainer
+    from ragen_turn.engines.verl.config import NO_VALUE_CLIP, verl_cliprange_value
+
+    tr = build_trainer(micro_config(["algo=turn_ppo", "critic.cliprange_value=null"], run_dir=tmp_path), log=_quiet)
+    assert tr.cfg.critic.cliprange_value is None
+    b = tr.rollout(0)
+    tr.score(b)
+    tr.compute_advantages(b)
+    from ragen_turn.engines.advantages import critic_values
+
+    # returns 5 above the old values, fresh values 4 above: an error of 1 everywhere, the clip range passed 8 times
+    b.turn_returns = (critic_values(b.values, b, "turn") + 5.0) * b.turn_mask
+    loss, m = tr.critic_loss(b, b.values + 4.0 * b.response_mask)
+    mask, _, returns = critic_targets(b, "turn")
+    v = critic_values(b.values + 4.0 * b.response_mask, b, "turn")
+    assert float(loss) == pytest.approx(0.5, rel=1e-6)
+    assert m["critic/vf_clipfrac"] == 0.0
+    clipped, mc = value_loss(v, critic_values(b.values, b, "turn"), returns, mask, 0.5)
+    assert mc["critic/vf_clipfrac"] > 0 and float(clipped) > float(loss)  # the clip would have bitten
+    assert verl_cliprange_value(None) == NO_VALUE_CLIP and verl_cliprange_value(0.5) == 0.5
+    verl_losses = pytest.importorskip("verl.trainer.ppo.core_algos")
+    vl, clipfrac = verl_losses.compute_value_loss(vpreds=v, returns=returns, values=critic_values(b.values, b, "turn"),
+                                                  response_mask=mask, cliprange_value=NO_VALUE_CLIP)
+    assert float(vl) == pytest.approx(float(loss), rel=1e-6) and float(clipfrac) == 0.0
