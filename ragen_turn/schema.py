@@ -258,7 +258,7 @@ class CriticConfig:
     level: str = key(choices=("none", "token", "turn"))  # derived: algorithm.adv_estimator's registry entry
     shared_backbone: bool = key()
     vf_coef: float = key(**NON_NEGATIVE)
-    cliprange_value: float = key(**POSITIVE)
+    cliprange_value: Optional[float] = key(**POSITIVE)  # null = no value clipping
     grad_clip: float = key(**NON_NEGATIVE)
     ppo_epochs: int = key(**TURNS)
     optim: CriticOptimConfig = section(CriticOptimConfig)

@@ -1144,10 +1144,20 @@ def test_fit_with_fake_workers(model_dir, tmp_path, algo, monkeypatch):
     mini-batch turn counts), checkpoints and metrics.jsonl all go through the real code."""
     import json
 
+    import ragen_turn.engines.verl.trainer as vt
+
     t, vcfg = _trainer_with_fake_workers(model_dir, tmp_path, algo)
     tmp = tmp_path / "tmp"  # this process stands in for the task runner: its TMPDIR (see private_tmpdir)
     tmp.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    heldout = []  # each evaluation's held-out trajectory, its critic values and the explained variance
+
+    def spy(traj, cfg):
+        heldout.append((traj.values.clone(), traj.response_mask.clone(), vt_ev(traj, cfg)))
+        return heldout[-1][2]
+
+    vt_ev = vt.heldout_critic_explained_var
+    monkeypatch.setattr(vt, "heldout_critic_explained_var", spy)
     last = t.fit()
     assert not list(tmp.glob("ckpt_*.lock"))  # the driver's own checkpoint code takes no verl lock
 
@@ -1174,7 +1184,18 @@ def test_fit_with_fake_workers(model_dir, tmp_path, algo, monkeypatch):
     # the actor saw the mini-batch turn counts: 3 turns per episode, mini-batch 2 over dp 2
     for loss, counts, mini in t.actor_rollout_wg.updates:
         assert math_isfinite(loss) and counts == [6.0] * 4 and mini == 2
-    assert t.checkpoint_manager.calls.count(("update", 1)) == 1 and t.checkpoint_manager.calls.count("sleep") == 2
+    # each evaluation with a critic reads it with the replicas asleep, then wakes them at the same weights
+    critic = algo == "turn_ppo"
+    assert t.checkpoint_manager.calls.count(("update", 1)) == 1
+    assert t.checkpoint_manager.calls.count("sleep") == 2 + (2 if critic else 0)
+    assert t.checkpoint_manager.calls.count(("update", 2)) == 1 + int(critic)
+    if critic:  # val/critic_explained_var at steps 0 and 2, from the critic worker's values on the held-out rows
+        assert len(heldout) == 2 and [lines[0]["val/critic_explained_var"], lines[2]["val/critic_explained_var"]] \
+            == [h[2] for h in heldout]
+        for values, mask, _ in heldout:
+            assert (values[mask.bool()] != 0).any() and not values[~mask.bool()].any()
+    else:
+        assert not heldout and "val/critic_explained_var" not in lines[0]
     if algo == "turn_ppo":
         # the turn critic trains on turn starts only: 3 positions per episode
         assert [n for _, n in t.critic_wg.trained] == [12, 12]

@@ -11,9 +11,10 @@ from __future__ import annotations
 from typing import Any, Tuple
 
 import torch
+from omegaconf import OmegaConf
 
-from ragen_turn.algos import (adv_estimator_spec, get_adv_estimator_fn, num_turns, turn_start_values,
-                              turn_sums, turn_token_counts)
+from ragen_turn.algos import (adv_estimator_spec, explained_variance, get_adv_estimator_fn, num_turns,
+                              turn_start_values, turn_sums, turn_token_counts)
 from ragen_turn.rollout import Trajectory
 
 
@@ -140,3 +141,32 @@ def advantage_metrics(advantages: torch.Tensor, response_mask: torch.Tensor, tur
         out["adv/other_turn_mean"] = float(turn_adv[other].mean())
     return out
 
+
+
+def realised_returns(batch: Trajectory, cfg: Any) -> torch.Tensor:
+    """The realised (Monte Carlo) returns of finished episodes in the layout of ``critic.level``'s targets
+    (:func:`critic_targets`): the estimator's own returns at ``lam = 1`` with every value 0 and no bootstrap, on
+    the normalised turn rewards (:func:`normalized_turn_rewards`, as the critic's training targets).
+
+    At ``lam = 1`` GAE's values cancel, so this is the discounted reward-to-go with the run's discounts:
+    ``turn_gae``: ``G_h = sum_{k >= h} gamma^(k - h) r_k`` over turns ``[B, H]``; ``token_gae``:
+    ``G_t = sum_{t' >= t} gamma^(n(t, t')) r_t'`` over response tokens ``[B, T]`` (``n``: response tokens from t to
+    t', turn h's reward on its last token); ``bi_level_gae``: ``high_level_gamma`` across turns, ``gamma`` inside
+    a turn. An episode cut short (turn budget, context) counts as finished: the return it realised."""
+    alg = cfg.algorithm
+    alg = dict(OmegaConf.to_container(alg, resolve=True) if OmegaConf.is_config(alg) else alg, lam=1.0)
+    name = cfg.algorithm.adv_estimator
+    _, returns = get_adv_estimator_fn(name)(
+        turn_rewards=normalized_turn_rewards(batch, cfg), turn_mask=batch.turn_mask, turn_ids=batch.turn_ids,
+        response_mask=batch.response_mask, group_ids=batch.group_ids,
+        values=torch.zeros(batch.response_mask.shape), config=alg, bootstrap_values=None)
+    return returns
+
+
+def heldout_critic_explained_var(batch: Trajectory, cfg: Any) -> float:
+    """``val/critic_explained_var``: ``1 - Var[G - V] / Var[G]`` over held-out episodes whose critic ``values``
+    (the shared layout, ``[B, T]``) are set: V(s_h) at the turn starts against ``G_h`` (turn critic), or V at every
+    response token against ``G_t`` (token critic), where G is :func:`realised_returns` (nan when Var[G] = 0)."""
+    level = cfg.critic.level
+    mask = batch.turn_mask if level == "turn" else batch.response_mask
+    return explained_variance(critic_values(batch.values.float(), batch, level), realised_returns(batch, cfg), mask)

@@ -43,7 +43,8 @@ from ragen_turn.algos import (
 from ragen_turn.config import model_config, policy_loss_config, validate_config
 from ragen_turn.engines import checkpoints as ckpt
 from ragen_turn.config import FilterSpec
-from ragen_turn.engines.advantages import advantage_metrics, compute_advantages, critic_targets, critic_values
+from ragen_turn.engines.advantages import (advantage_metrics, compute_advantages, critic_targets, critic_values,
+                                          heldout_critic_explained_var)
 from ragen_turn.engines.rollout_filter import filter_rows
 from ragen_turn.engines.rundir import (
     DiskFull,
@@ -637,14 +638,26 @@ class StarPOTrainer:
         return metrics
 
     def evaluate(self, envs: Optional[EnvGroupManager] = None, prefix: str = "val") -> Dict[str, float]:
+        """Held-out episodes (:func:`evaluate_policy`); with a critic, also ``<prefix>/critic_explained_var``: its
+        values on those episodes against their realised returns (``heldout_critic_explained_var``)."""
         n = int(self.cfg.trainer.get("log_val_generations") or 0)
-        keep = None
-        if n and prefix == "val":
-            keep = lambda batch: write_generations(  # noqa: E731
-                self.out_dir / GENERATIONS_FILE, self.step, batch.episodes[:n],
-                [self.tokenizer.decode(e.token_ids) for e in batch.episodes[:n]])
-        return evaluate_policy(self.actor, self.tokenizer, self.cfg, envs or self.val_envs, self.device, prefix,
-                               log=throttled(self.log, 20.0), on_batch=keep)
+        seen: List[Trajectory] = []
+
+        def on_batch(batch: Trajectory) -> None:
+            seen.append(batch)
+            if n and prefix == "val":
+                write_generations(self.out_dir / GENERATIONS_FILE, self.step, batch.episodes[:n],
+                                  [self.tokenizer.decode(e.token_ids) for e in batch.episodes[:n]])
+
+        out = evaluate_policy(self.actor, self.tokenizer, self.cfg, envs or self.val_envs, self.device, prefix,
+                              log=throttled(self.log, 20.0), on_batch=on_batch)
+        if self.critic is not None:
+            self.critic.eval()
+            batch = seen[0]
+            after = self._forward_all(lambda ids, am, pos, _: self.critic(ids, am, pos), batch)
+            batch.values = values_before_tokens(after) * batch.response_mask
+            out[f"{prefix}/critic_explained_var"] = heldout_critic_explained_var(batch, self.cfg)
+        return out
 
     def fit(self) -> Dict[str, Any]:
         """Train to ``trainer.total_training_steps`` (or the time budget); returns the last step's metrics and,

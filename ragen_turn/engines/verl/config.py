@@ -32,6 +32,13 @@ INSTALL = {"cpu": "pip install -e '.[verl]'", "cuda": "pip install -e '.[gpu]'"}
 
 
 OPTIONAL_PACKAGES = ("vllm", "sglang", "flash_attn")  # what a GPU machine may or may not have
+NO_VALUE_CLIP = 1e30  # verl's value loss always clips: a range no update reaches stands for critic.cliprange_value=null
+
+
+def verl_cliprange_value(value: Optional[float]) -> float:
+    """``critic.cliprange_value`` for verl's critic: the same range, or :data:`NO_VALUE_CLIP` for null (no value
+    clipping: then verl's max of the clipped and unclipped errors is the unclipped one)."""
+    return NO_VALUE_CLIP if value is None else float(value)
 
 
 @dataclass(frozen=True)
@@ -379,7 +386,7 @@ def to_verl_config(cfg: DictConfig, model_path: Optional[str] = None,
             "ppo_mini_batch_size": int(cfg.ppo_mini_batch_size),
             "ppo_micro_batch_size_per_gpu": mb,
             "ppo_epochs": int(cfg.critic.ppo_epochs),
-            "cliprange_value": float(cfg.critic.cliprange_value),
+            "cliprange_value": verl_cliprange_value(cfg.critic.cliprange_value),
             "grad_clip": float(cfg.critic.grad_clip),
             "loss_agg_mode": "token-mean",
             "optim": {"lr": float(cfg.critic.optim.lr), "weight_decay": float(cfg.critic.optim.weight_decay),

@@ -47,7 +47,8 @@ from ragen_turn.algos import (check_turn_ids, place_turn_rewards, scatter_turns,
                               turn_mask_from_ids)
 from ragen_turn.config import FilterSpec
 from ragen_turn.engines import checkpoints as ckpt
-from ragen_turn.engines.advantages import advantage_metrics, compute_advantages, critic_targets, normalized_turn_rewards
+from ragen_turn.engines.advantages import (advantage_metrics, compute_advantages, critic_targets,
+                                          heldout_critic_explained_var, normalized_turn_rewards)
 from ragen_turn.engines.rollout_filter import filter_rows, pad_rows
 from ragen_turn.engines.rundir import crash_point, identity_of, record_config, run_complete, writing
 from ragen_turn.runtime import derived_seed
@@ -269,7 +270,13 @@ class StarPOTrainer(RayPPOTrainer):
             ids, am = out.batch["input_ids"][:n], out.batch["attention_mask"][:n].bool()
             write_generations(self.out_dir / GENERATIONS_FILE, self.global_steps, traj.episodes[:n],
                               [self.tokenizer.decode(ids[i][am[i]].tolist()) for i in range(ids.shape[0])])
-        return episode_metrics(traj, "val")
+        metrics = episode_metrics(traj, "val")
+        if self.use_critic:  # the critic on the held-out episodes, replicas asleep as for a training step's scoring
+            self.checkpoint_manager.sleep_replicas()
+            traj.values = self._compute_values(out).batch["values"].float() * traj.response_mask
+            self.checkpoint_manager.update_weights(self.global_steps)  # awake again, at the actor's weights
+            metrics["val/critic_explained_var"] = heldout_critic_explained_var(traj, self.rcfg)
+        return metrics
 
     # ---------------------------------------------------------------------------------- one step
     def compute_advantages(self, batch: DataProto, traj: Trajectory) -> None:
