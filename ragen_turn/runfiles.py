@@ -33,6 +33,7 @@ from typing import Any, Callable, Dict, List, Tuple
 METRICS_FILE = "metrics.jsonl"
 CONFIG_FILE = "config.yaml"
 PROVENANCE_FILE = "provenance.json"
+TRACE_FILE = "trace.jsonl"  # trainer.trace_episodes: sampled episodes of each step, turn by turn (engines/trace.py)
 EVAL_PREFIX = "eval_"  # <run>/eval_<name>.json: a held-out evaluation of the run's checkpoint (eval.sh)
 
 # metric keys (written by both engines' trainers; read by the run summary and the report)
