@@ -229,6 +229,37 @@ class EpisodeTracer:
         self.episodes, self._index = [], {}
 
 
+LINE_KEYS = ("step", "engine", "algo", "update", "episodes")
+EPISODE_KEYS = ("key", "ordinal", "tag", "env_seed", "group_id", "reward", "success", "truncated", "clip_bias_scale",
+                "turns")
+TURN_KEYS = ("h", "obs", "think", "answer", "tokens", "n_tokens", "capped", "reward", "format_ok", "invalid", "value",
+             "return", "adv")
+UPDATE_KEYS = ("log_ratio", "clipped", "dual", "token_band", "live", "tok_log_ratio")  # once the update was read
+
+
+def check_record(line: Dict[str, Any]) -> None:
+    """The schema of one ``trace.jsonl`` line, the same for both engines (docs/usage.md); a ValueError names
+    what is missing or inconsistent."""
+    missing = [k for k in LINE_KEYS if k not in line]
+    if missing:
+        raise ValueError(f"trace line of step {line.get('step')}: missing {missing}")
+    when = line["update"].get("when")
+    if when not in (None, "loss", "after_update"):
+        raise ValueError(f"step {line['step']}: update.when={when!r}")
+    for ep in line["episodes"]:
+        if [k for k in EPISODE_KEYS if k not in ep] or not ep["turns"]:
+            raise ValueError(f"step {line['step']} episode {ep.get('key')}: missing "
+                             f"{[k for k in EPISODE_KEYS if k not in ep] or 'turns'}")
+        for t in ep["turns"]:
+            need = TURN_KEYS + (UPDATE_KEYS if when else ())
+            if [k for k in need if k not in t]:
+                raise ValueError(f"step {line['step']} episode {ep['key']} turn {t.get('h')}: missing "
+                                 f"{[k for k in need if k not in t]}")
+            if len(t["tokens"]) != t["n_tokens"] or (when and len(t["tok_log_ratio"]) != t["n_tokens"]):
+                raise ValueError(f"step {line['step']} episode {ep['key']} turn {t['h']}: token lists of other "
+                                 f"lengths than n_tokens={t['n_tokens']}")
+
+
 def _at(xs: Optional[Sequence[Any]], h: int) -> Any:
     if not xs or h >= len(xs):
         return None
