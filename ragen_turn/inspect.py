@@ -178,7 +178,7 @@ def token_spans(t: Dict[str, Any]) -> str:
 
 
 TURN_COLS = ("h", "observation", "response", "reward", "flags", "value", "return", "adv", "ratio", "clipped",
-             "live", "token band")
+             "dual", "live", "token band")
 
 
 _TEMPLATE = re.compile(r"<\|im_(?:start|end)\|>(?:assistant|user|system)?")
@@ -202,7 +202,8 @@ def turn_row(ep_key: str, t: Dict[str, Any]) -> str:
     think = f'<div class="think">think: {esc(t["think"])}</div>' if t.get("think") else ""
     answer = f'<div class="answer">answer: {esc(t["answer"])}</div>' if t.get("answer") else ""
     data = " ".join(f'data-{k}="{attr(t.get(k))}"' for k in ("h", "reward", "value", "return", "adv", "log_ratio",
-                                                               "clipped", "live", "token_band", "n_tokens"))
+                                                               "clipped", "dual", "live", "token_band",
+                                                               "n_tokens"))
     cells = [f'<td class="num">{t["h"]}{mark}</td>',
              f'<td class="obs"><details><summary>{esc(obs_tail(t["obs"]))}</summary>'
              f'<pre>{esc(t["obs"])}</pre></details></td>',
@@ -211,7 +212,8 @@ def turn_row(ep_key: str, t: Dict[str, Any]) -> str:
              f'<td class="flags">{esc(" ".join(flags))}</td>',
              f'<td class="num">{fmt(t.get("value"))}</td>', f'<td class="num">{fmt(t.get("return"))}</td>',
              f'<td class="num">{fmt(t.get("adv"))}</td>', f'<td class="num">{fmt(ratio(t.get("log_ratio")))}</td>',
-             f'<td class="num">{fmt(t.get("clipped"))}</td>', f'<td class="num">{fmt(t.get("live"))}</td>',
+             f'<td class="num">{fmt(t.get("clipped"))}</td>', f'<td class="num">{fmt(t.get("dual"))}</td>',
+             f'<td class="num">{fmt(t.get("live"))}</td>',
              f'<td class="num">{fmt(t.get("token_band"))}</td>']
     cls = "turn clipped" if clipped else "turn"
     return f'<tr class="{cls}" data-ep="{esc(ep_key)}" {data}>' + "".join(cells) + "</tr>"
@@ -253,8 +255,8 @@ def step_view(line: Dict[str, Any]) -> str:
     turns = [t for ep in line["episodes"] for t in ep["turns"]]
     vr, ev = chart_value_return(turns)
     clipped = [turn_clipped(t) for t in turns if t.get("clipped") is not None]
-    share = sum(clipped) / len(clipped) if clipped else None
-    stats = (f'{len(line["episodes"])} episodes, {len(turns)} turns; clipped turns {fmt(share)}; '
+    shown = f"{sum(clipped)} of {len(clipped)}" if clipped else "– (no update read)"
+    stats = (f'{len(line["episodes"])} episodes, {len(turns)} turns; turns clipped (PPO or dual): {shown}; '
              f'explained variance (turn starts) {fmt(ev)}; update statistics read at: '
              f'{esc(line.get("update", {}).get("when"))}')
     return (f'<div class="stepstats" data-ev="{attr(ev)}">{stats}</div><div class="charts">'
@@ -265,9 +267,9 @@ def compare_turn_cells(t: Optional[Dict[str, Any]]) -> str:
     if t is None:
         return '<td colspan="4" class="none">–</td>'
     mark = " clipped" if turn_clipped(t) else ""
+    gone = None if t.get("clipped") is None else t["clipped"] + (t.get("dual") or 0.0)
     return (f'<td class="resp{mark}"><div class="toks">{token_spans(t)}</div></td><td class="num">{fmt(t.get("adv"))}'
-            f'</td><td class="num">{fmt(ratio(t.get("log_ratio")))}</td><td class="num{mark}">'
-            f'{fmt(t.get("clipped"))}</td>')
+            f'</td><td class="num">{fmt(ratio(t.get("log_ratio")))}</td><td class="num{mark}">{fmt(gone)}</td>')
 
 
 def compare_view(line_a: Dict[str, Any], line_b: Optional[Dict[str, Any]], names: Tuple[str, str]) -> str:
@@ -278,7 +280,7 @@ def compare_view(line_a: Dict[str, Any], line_b: Optional[Dict[str, Any]], names
     if not both:
         return '<p class="none">no episode traced in both runs at this step (same env seed and place in group)</p>'
     out = []
-    head = "<th>h</th>" + "".join(f'<th>{esc(n)}: response</th><th>A</th><th>ratio</th><th>clipped</th>'
+    head = "<th>h</th>" + "".join(f'<th>{esc(n)}: response</th><th>A</th><th>ratio</th><th>clipped + dual</th>'
                                   for n in names)
     for a, b in both:
         same = [ta["tokens"] for ta in a["turns"]] == [tb["tokens"] for tb in b["turns"]]

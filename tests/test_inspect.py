@@ -76,7 +76,7 @@ def test_page_holds_every_recorded_turn_with_its_numbers_and_marks_clipped_turns
     assert len(rows.turns) == len(recorded)
     for (key, t), row in zip(recorded, rows.turns):
         assert row["data-ep"] == key
-        for k in ("h", "reward", "value", "return", "adv", "log_ratio", "clipped", "live", "token_band",
+        for k in ("h", "reward", "value", "return", "adv", "log_ratio", "clipped", "dual", "live", "token_band",
                   "n_tokens"):
             assert json.loads(row[f"data-{k}"]) == t.get(k), (key, k)
         assert ("clipped" in row["class"].split()) == turn_clipped(t)

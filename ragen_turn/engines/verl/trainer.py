@@ -421,8 +421,9 @@ class StarPOTrainer(RayPPOTrainer):
     def trace_update(self, batch: DataProto, traj: Trajectory, rows: list) -> None:
         """The traced rows' turn ratios and clip flags after the actor's update: one forward of those rows
         (``_compute_old_log_prob``) against the rollout's log-probs (verl's loss runs in its workers)."""
-        sub = batch.select_idxs(rows)
-        padded, pad = pad_dataproto_to_divisor(sub, self._get_dp_size(self.actor_rollout_wg, "actor"))
+        sub = batch.select_idxs(rows)  # padded as verl's forward needs: a multiple of dp x micro-batch rows
+        dp = self._get_dp_size(self.actor_rollout_wg, "actor")
+        padded, pad = pad_dataproto_to_divisor(sub, dp * int(self.rcfg.micro_batch_size_per_gpu))
         new = unpad_dataproto(self._compute_old_log_prob(padded)[0], pad)
         self.tracer.observe([traj.episodes[r] for r in rows], sub.batch["old_log_probs"], new.batch["old_log_probs"],
                             traj.advantages[rows], traj.response_mask[rows], traj.turn_ids[rows], "after_update")
