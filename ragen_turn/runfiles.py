@@ -33,6 +33,7 @@ from typing import Any, Callable, Dict, List, Tuple
 METRICS_FILE = "metrics.jsonl"
 CONFIG_FILE = "config.yaml"
 PROVENANCE_FILE = "provenance.json"
+TRACE_FILE = "trace.jsonl"  # trainer.trace_episodes: sampled episodes of each step, turn by turn (engines/trace.py)
 EVAL_PREFIX = "eval_"  # <run>/eval_<name>.json: a held-out evaluation of the run's checkpoint (eval.sh)
 
 # metric keys (written by both engines' trainers; read by the run summary and the report)
@@ -130,3 +131,15 @@ def read_step_rows(path: Path) -> Tuple[List[Dict[str, Any]], int]:
                for k, v in row.items()}
         by_step[int(row[STEP])] = row
     return [by_step[s] for s in sorted(by_step)], n_bad
+
+
+def read_trace(path: Path) -> List[Dict[str, Any]]:
+    """The lines of ``trace.jsonl`` (``trainer.trace_episodes``: one per training step, ``engines/trace.py``),
+    one per step, sorted by step (a repeated step: its last line wins); bad lines (a torn last write) and lines
+    without a finite ``step`` are left out. A missing file: ``[]``."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    rows, _ = parse_metrics(_read_text(path))
+    by_step = {int(_step_of(r)): r for r in rows if math.isfinite(_step_of(r)) and isinstance(r.get("episodes"), list)}
+    return [by_step[s] for s in sorted(by_step)]

@@ -335,6 +335,7 @@ class TrainerConfig:
     collapse_freq: int = key(**NON_NEGATIVE)  # 0 = never
     collapse_num_samples: Optional[int] = key(None, ge=2)  # null = all
     log_val_generations: int = key(0, **NON_NEGATIVE)  # held-out episodes written as text per eval (verl's key)
+    trace_episodes: int = key(8, **NON_NEGATIVE)  # episodes per step (whole groups) in trace.jsonl; 0 = off
     n_gpus_per_node: Optional[int] = key(None, **COUNT)  # engine=verl
     nnodes: Optional[int] = key(None, **COUNT)
 

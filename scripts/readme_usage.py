@@ -1,6 +1,6 @@
 """Run the README's commands as a newcomer would, shortened, one after another in one temporary runs directory:
-the main command, then every line of the README's Usage block (train.sh, eval.sh, report). Each must succeed: no
-line may collide with an earlier one's run directory.
+the main command, then every line of the README's Usage block (train.sh, eval.sh, report, inspect). Each must
+succeed: no line may collide with an earlier one's run directory.
 
     .venv/bin/python scripts/readme_usage.py [--keep DIR]
 
@@ -72,7 +72,7 @@ def main() -> int:
     failed = 0
     for i, cmd in enumerate(cmds, 1):
         argv = shortened(cmd, runs)
-        if argv[0].endswith("python") and argv[1:3] == ["-m", "ragen_turn.report"]:
+        if argv[0].endswith("python") and argv[1] == "-m" and argv[2] in ("ragen_turn.report", "ragen_turn.inspect"):
             argv[0] = env["PYTHON"]
         t = time.time()
         out = subprocess.run(argv, cwd=ROOT, env=env, text=True, capture_output=True)

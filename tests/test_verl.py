@@ -1202,6 +1202,34 @@ def test_fit_with_fake_workers(model_dir, tmp_path, algo, monkeypatch):
 
 
 @needs_verl
+def test_fit_with_fake_workers_writes_the_trace_in_the_local_engines_schema(model_dir, tmp_path, monkeypatch):
+    """trainer.trace_episodes on verl: each step's line has the local engine's record schema
+    (``engines.trace.check_record``), whole groups, the turns' text and critic values, and the update read by a
+    forward of the traced rows after the actor's update (``after_update``): the fake workers' log-probs are 0, so
+    every turn's log-ratio is minus the rollout's (old) log-probs summed over the turn, here 0."""
+    from ragen_turn.engines.trace import check_record
+    from ragen_turn.runfiles import TRACE_FILE, read_trace
+
+    t, _ = _trainer_with_fake_workers(model_dir, tmp_path, "turn_ppo", "trainer.trace_episodes=2")
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    t.fit()
+    lines = read_trace(tmp_path / TRACE_FILE)
+    assert [x["step"] for x in lines] == [1, 2]
+    for line in lines:
+        check_record(line)
+        assert line["engine"] == "verl" and line["update"]["when"] == "after_update"
+        eps = line["episodes"]
+        assert len(eps) == 2 and len({e["group_id"] for e in eps}) == 1 and [e["ordinal"] for e in eps] == [0, 1]
+        for e in eps:
+            assert "<|im_start|>user" in e["turns"][0]["obs"]  # the first prompt, from verl's prompts
+            for turn in e["turns"]:
+                assert turn["value"] is not None and turn["return"] is not None and turn["n_tokens"] > 0
+                assert turn["log_ratio"] == 0.0 and turn["clipped"] == 0.0 and turn["live"] == 1.0
+
+
+@needs_verl
 def test_critic_warmup_skips_the_actor_update_as_verl_does(model_dir, tmp_path, monkeypatch):
     """trainer.critic_warmup=2 reaches verl's config, and our loop applies verl's rule (no actor update while
     critic_warmup > step, steps from 1): step 1 trains the critic only, step 2 both."""

@@ -44,6 +44,7 @@ from .losses import (
     policy_loss,
     policy_loss_spec,
     register_policy_loss,
+    unit_stats,
     value_loss,
 )
 from .registry import CRITIC_LEVELS, DEFAULT_AGG, EstimatorSpec, LossSpec

@@ -376,11 +376,8 @@ def loss_from_units(units: LossUnits, settings: LossSettings, apply_clip_bias: b
     loss = row_loss.sum()
     with torch.no_grad():  # float64 sums: the shares add up to the mini-batch's value to float64 rounding
         f = torch.float64
-        tok_clipped = units.on_tokens(clipped.to(f))
-        tok_dual = units.on_tokens(dual.to(f))
+        tok_clipped, tok_dual, gated, live = _token_flags(units, clipped, dual)
         mask = units.mask.to(f)
-        gated = units.token_gated.to(f) if units.token_gated is not None else torch.zeros_like(mask)
-        live = (1 - tok_clipped) * (1 - tok_dual) * (1 - gated) * mask
         metrics["actor/clip_frac_token"] = float(tok_clipped[on].sum()) / den.tokens
         metrics["actor/clip_frac_turn"] = _turn_share_sum(tok_clipped, units) / den.turns
         metrics["actor/dual_clip_frac"] = float(tok_dual[on].sum()) / den.tokens
@@ -391,6 +388,19 @@ def loss_from_units(units: LossUnits, settings: LossSettings, apply_clip_bias: b
         no_grad = ((tok_clipped + tok_dual + gated) > 0).to(f)
         metrics.update(_token_trust_metrics(units, settings, no_grad, den.tokens))
     return loss, metrics
+
+
+def _token_flags(units: LossUnits, clipped: torch.Tensor, dual: torch.Tensor):
+    """Each response token's part in the loss, ``[B, T]`` float64 0/1 each: ``(clipped, dual, gated, live)``:
+    its unit PPO-clipped, its unit dual-clipped, kept out of its turn ratio's gradient by ``token_band``, and
+    live (none of those: it gets gradient)."""
+    f = torch.float64
+    tok_clipped = units.on_tokens(clipped.to(f))
+    tok_dual = units.on_tokens(dual.to(f))
+    mask = units.mask.to(f)
+    gated = units.token_gated.to(f) if units.token_gated is not None else torch.zeros_like(mask)
+    live = (1 - tok_clipped) * (1 - tok_dual) * (1 - gated) * mask
+    return tok_clipped, tok_dual, gated * mask, live
 
 
 def _token_trust_metrics(units: LossUnits, settings: LossSettings, tok_no_grad: torch.Tensor,
@@ -671,6 +681,44 @@ def minibatch_clip_stats(name: str, old_log_prob, log_prob, advantages, response
                                                  settings, rollout_is_weights, turn_ids, global_counts)
     _, clipped, dual = ppo_objective(units.terms, settings.clip_low, settings.clip_high, settings.clip_c)
     return clip_bias_sums(units, clipped, dual, settings).sum(dim=0)
+
+
+@torch.no_grad()
+def unit_stats(name: str, old_log_prob, log_prob, advantages, response_mask, config: Any = None,
+               turn_ids=None, global_counts: Optional[GlobalCounts] = None,
+               loss_agg_mode: Optional[str] = None) -> Dict[str, Optional[torch.Tensor]]:
+    """What loss ``name`` does to each turn and token of a batch, from the same units, objective and correction
+    as the loss itself (for the trajectory trace; same arguments as the loss, no gradient). Returns:
+
+    - ``token_log_ratio`` ``[B, T]``: each response token's own log-ratio d_t (0 elsewhere);
+    - ``turn_log_ratio`` ``[B, H]``: the mean over the turn's tokens of the log-ratio of the unit each token
+      belongs to, before clipping: the turn ratio the loss clips for turn units and turn ratios (``turn_ppo``,
+      ``turn_is``, ``st_ppo``: constant over the turn), the geometric mean of the token ratios for token units;
+    - ``turn_clipped``, ``turn_dual``, ``turn_token_band``, ``turn_live`` ``[B, H]``: the share of the turn's
+      tokens whose unit is PPO-clipped, dual-clipped, gated by ``token_band``, or live (gets gradient; 0/1 for
+      turn units);
+    - ``clip_bias_scale`` ``[B]``: the correction's scale per row where the loss applies it, else None.
+    """
+    settings = loss_settings(config)
+    units = get_policy_loss_fn(name).build_units(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode,
+                                                 settings, None, turn_ids, global_counts)
+    _, clipped, dual = ppo_objective(units.terms, settings.clip_low, settings.clip_high, settings.clip_c)
+    scale = None
+    if policy_loss_spec(name).forces_clip_bias or settings.clip_bias:
+        scale = clip_bias_scale(units, clipped, dual, settings, global_counts)[0].double()
+    flags = _token_flags(units, clipped, dual)
+    counts = turn_token_counts(units.turn_ids, units.H).to(torch.float64).clamp(min=1)
+    mask = units.mask.to(torch.float64)
+
+    def turn_mean(x: torch.Tensor) -> torch.Tensor:
+        return turn_sums(x * mask, units.turn_ids, units.H) / counts
+
+    tok_unit_lr = units.on_tokens(units.terms.log_ratio.double())  # token units: unit_ids are the positions
+    out = {"token_log_ratio": units.token_log_ratio.double() * mask, "turn_log_ratio": turn_mean(tok_unit_lr),
+           "clip_bias_scale": scale}
+    for key, x in zip(("turn_clipped", "turn_dual", "turn_token_band", "turn_live"), flags):
+        out[key] = turn_mean(x)
+    return out
 
 
 # --------------------------------------------------------------------------------------------

@@ -51,6 +51,22 @@ def interval_section(groups: Sequence[Tuple[str, List[Run]]], keys: Sequence[str
     return lines
 
 
+def trace_section(runs: Sequence[Run], out: Path) -> List[str]:
+    """Each run with a trajectory trace (``trainer.trace_episodes``): its credit inspector page, written to
+    ``out/inspect/<run>.html`` (``python -m ragen_turn.inspect``), linked. None: no section."""
+    from ragen_turn.inspect import build_page, has_trace
+
+    traced = [r for r in runs if has_trace(r.path)]
+    if not traced:
+        return []
+    lines = ["## Trajectory traces", "", "Per run, which turns got which credit and which were clipped "
+             "(one HTML page each, offline):", ""]
+    for r in traced:
+        page = build_page(r.path, out=out / "inspect" / f"{r.path.name}.html")
+        lines.append(f"- [{r.path.name}](inspect/{page.name})")
+    return lines + [""]
+
+
 def default_out(paths: Sequence[str]) -> Path:
     """``<the paths' common directory>/report``: beside the runs, never in the repository's docs."""
     common = Path(os.path.commonpath([str(Path(p).resolve()) for p in paths]))
@@ -114,6 +130,7 @@ def build_report(paths: Sequence[str], out: str | Path | None = None, group_by: 
             lines += ["Not estimated (mixed experiments, see the warnings above): "
                       + ", ".join(f"`{label}`" for label in mixed) + ".", ""]
     lines += ["## Runs", "", runs_table(groups), ""]
+    lines += trace_section(runs, out)
     text = "\n".join(lines)
     (out / "results.md").write_text(text)
     return text

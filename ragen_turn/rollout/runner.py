@@ -173,6 +173,8 @@ def _step_env(s: _Live, text: str, cfg: ContextConfig) -> tuple[float, str]:
         if done:
             s.done = True
             break
+    s.ep.turn_format_ok.append(bool(ok) and not (raw and invalid))
+    s.ep.turn_invalid.append(dropped + invalid)
     if invalid and not feedback and not raw:  # a raw env's observation already says what was wrong
         feedback = f"{invalid} invalid action(s)."
     return reward, feedback

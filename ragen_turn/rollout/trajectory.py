@@ -33,6 +33,8 @@ class Episode:
     format_errors: int = 0
     truncated: bool = False  # cut (context window, turn limit or action budget) before the env said done
     texts: List[str] = field(default_factory=list)  # the decoded responses, for logs
+    turn_format_ok: List[bool] = field(default_factory=list)  # per turn: an answer was parsed (raw envs: valid)
+    turn_invalid: List[int] = field(default_factory=list)  # per turn: actions dropped or called invalid by the env
     metrics: Dict[str, float] = field(default_factory=dict)  # env-specific episode numbers (info["episode_metrics"])
 
     @property

@@ -46,6 +46,7 @@ from ragen_turn.config import FilterSpec
 from ragen_turn.engines.advantages import (advantage_metrics, compute_advantages, critic_targets, critic_values,
                                           heldout_critic_explained_var)
 from ragen_turn.engines.rollout_filter import filter_rows
+from ragen_turn.engines.trace import TRACE_FILE, EpisodeTracer, trace_rows
 from ragen_turn.engines.rundir import (
     DiskFull,
     TrainingStopped,
@@ -170,6 +171,8 @@ class StarPOTrainer:
                                     prefix_cache=r.prefix_cache, decode=r.decode)
         self.loss_fn = get_policy_loss_fn(a.policy_loss.loss_mode)
         self.loss_cfg = policy_loss_config(cfg)
+        self.tracer = EpisodeTracer(cfg, self.out_dir / TRACE_FILE, "local", self.tokenizer, self.loss_cfg) \
+            if cfg.trainer.trace_episodes else None  # trace.jsonl (engines/trace.py); off: nothing built
         self.step = 0
         self.update_trace: Dict[str, List[Dict[str, float]]] = {}  # each update's mini-batch metrics, in order
         self.nonfinite_in_a_row = 0
@@ -181,6 +184,7 @@ class StarPOTrainer:
         if not run_complete(self.step, cfg.trainer.total_training_steps):  # a finished run resumed: as it was
             truncate_metrics(self.metrics_path, self.step, log=log)  # fresh run: fresh log; resumed: <= step
             truncate_metrics(self.out_dir / GENERATIONS_FILE, self.step, log=log)
+            truncate_metrics(self.out_dir / TRACE_FILE, self.step, log=log)
             record_config(self.out_dir, OmegaConf.to_yaml(cfg, resolve=True), self.step)  # + configs.jsonl
             record_provenance(self.out_dir, self.step, self.actor, identity=identity_of(cfg))
 
@@ -429,6 +433,8 @@ class StarPOTrainer:
         loss, metrics = self.loss_fn(old_log_prob=mb.old_logp, log_prob=logp, advantages=mb.advantages,
                                      response_mask=mask, config=self.loss_cfg, turn_ids=mb.turn_ids,
                                      global_counts=counts)
+        if self.tracer is not None:  # the traced episodes' turn ratios and clip flags, as this loss saw them
+            self.tracer.observe(mb.episodes, mb.old_logp, logp, mb.advantages, mask, mb.turn_ids, "loss", counts)
         n_tokens = counts.tokens if counts else None
         entropy = masked_mean(ent, mask, n_tokens)
         metrics["actor/entropy"] = float(entropy.detach())
@@ -604,6 +610,8 @@ class StarPOTrainer:
         self.compute_advantages(batch)
         if self.critic is not None:
             metrics["critic/explained_var"] = explained_variance(*self.value_targets(batch))
+        if self.tracer is not None:
+            self.tracer.begin(batch, trace_rows(batch.group_ids.tolist(), self.tracer.n))
         adv = batch.advantages[batch.response_mask.bool()]
         metrics.update(advantage_metrics(batch.advantages, batch.response_mask, batch.turn_ids,
                                          self.cfg.actor_rollout_ref.rollout.response_length))
@@ -625,6 +633,8 @@ class StarPOTrainer:
         metrics["perf/sampled_tokens_per_s"] = float(batch.response_mask.sum()) / max(t_roll, 1e-9)
         metrics["perf/prefix_cache_tokens"] = float(getattr(self.sampler, "cached_tokens_reused", 0) - reused0)
         metrics["env/kept_episodes"] = float(batch.batch_size)
+        if self.tracer is not None:
+            self.tracer.write(self.step + 1)
         return metrics
 
     def _empty_step(self, metrics: Dict[str, float], t0: float, t_roll: float) -> Dict[str, float]:

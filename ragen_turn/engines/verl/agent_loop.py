@@ -37,7 +37,8 @@ from ragen_turn.rollout.trajectory import Episode
 from .config import AGENT_LOOP_NAME
 
 _EPISODE_FIELDS = ("turn_rewards", "group_id", "env_seed", "tag", "success", "num_actions", "num_valid_actions",
-                   "num_effective_actions", "num_dropped_actions", "format_errors", "truncated", "metrics")
+                   "num_effective_actions", "num_dropped_actions", "format_errors", "truncated", "metrics",
+                   "turn_format_ok", "turn_invalid")
 
 
 # ------------------------------------------------------------------------------------------------

@@ -45,12 +45,13 @@ from verl.utils.metric import reduce_metrics
 
 from ragen_turn.algos import (check_turn_ids, place_turn_rewards, scatter_turns, turn_boundaries,
                               turn_mask_from_ids)
-from ragen_turn.config import FilterSpec
+from ragen_turn.config import FilterSpec, policy_loss_config
 from ragen_turn.engines import checkpoints as ckpt
 from ragen_turn.engines.advantages import (advantage_metrics, compute_advantages, critic_targets,
                                           heldout_critic_explained_var, normalized_turn_rewards)
 from ragen_turn.engines.rollout_filter import filter_rows, pad_rows
 from ragen_turn.engines.rundir import crash_point, identity_of, record_config, run_complete, writing
+from ragen_turn.engines.trace import TRACE_FILE, EpisodeTracer, trace_rows
 from ragen_turn.runtime import derived_seed
 from ragen_turn.engines.runlog import (
     GENERATIONS_FILE, append_metrics, episode_metrics, progress_line, record_provenance, run_header, truncate_metrics,
@@ -234,6 +235,8 @@ class StarPOTrainer(RayPPOTrainer):
         self.val_plan = SeedPlan(self.rcfg.custom_envs, self.rcfg.es_manager.val, "val")
         self.out_dir = Path(self.rcfg.trainer.default_local_dir)
         self.metrics_path = self.out_dir / "metrics.jsonl"
+        self.tracer = EpisodeTracer(self.rcfg, self.out_dir / TRACE_FILE, "verl", tokenizer,
+                                    policy_loss_config(self.rcfg)) if self.rcfg.trainer.trace_episodes else None
 
     def _create_dataloader(self, train_dataset, val_dataset, collate_fn, train_sampler):
         total = int(self.config.trainer.total_training_steps)
@@ -379,6 +382,7 @@ class StarPOTrainer(RayPPOTrainer):
                                                  traj.turn_ids, self.rcfg.actor_rollout_ref.rollout.response_length))
             if not torch.isfinite(adv).all():
                 raise RuntimeError(f"step {step}: non-finite advantages (check the rewards and the critic)")
+            traced = self.trace_begin(batch, traj)
             if self.use_critic:
                 with marked_timer("update_critic", timing):
                     metrics.update(self.update_critic(batch, traj))
@@ -387,6 +391,9 @@ class StarPOTrainer(RayPPOTrainer):
             else:
                 with marked_timer("update_actor", timing):
                     metrics.update(self.update_actor(batch, traj))
+                if traced:
+                    with marked_timer("trace", timing):
+                        self.trace_update(batch, traj, traced)
             with marked_timer("update_weights", timing):
                 self.checkpoint_manager.update_weights(step + 1)
 
@@ -400,7 +407,33 @@ class StarPOTrainer(RayPPOTrainer):
         metrics["perf/rollout_s"] = timing["gen"]
         metrics["perf/tokens_per_s"] = float(batch.batch["attention_mask"].sum()) / max(timing["step"], 1e-9)
         metrics["env/kept_episodes"] = float(len(batch))
+        if self.tracer is not None:
+            self.tracer.write(step + 1)
         return metrics
+
+    def trace_begin(self, batch: DataProto, traj: Trajectory) -> list:
+        """``trainer.trace_episodes``: the traced rows' records (``engines/trace.py``), copies (copy-mode padding)
+        left out; returns the rows ([] when off)."""
+        if self.tracer is None:
+            return []
+        keys = batch.non_tensor_batch.get("sample_seed")  # one per rollout slot (gen_batch): copies share it
+        if keys is None:  # verl passed the slot's fields on only without reward workers: the episode's tokens
+            keys = [(e.group_id, tuple(traj.input_ids[i][traj.response_mask[i].bool()].tolist()))
+                    for i, e in enumerate(traj.episodes)]
+        rows = trace_rows(traj.group_ids.tolist(), self.tracer.n, list(keys))
+        prompts, pam = batch.batch["prompts"], batch.batch["attention_mask"][:, :batch.batch["prompts"].shape[1]]
+        self.tracer.begin(traj, rows, [prompts[i][pam[i].bool()].tolist() for i in rows])
+        return rows
+
+    def trace_update(self, batch: DataProto, traj: Trajectory, rows: list) -> None:
+        """The traced rows' turn ratios and clip flags after the actor's update: one forward of those rows
+        (``_compute_old_log_prob``) against the rollout's log-probs (verl's loss runs in its workers)."""
+        sub = batch.select_idxs(rows)  # padded as verl's forward needs: a multiple of dp x micro-batch rows
+        dp = self._get_dp_size(self.actor_rollout_wg, "actor")
+        padded, pad = pad_dataproto_to_divisor(sub, dp * int(self.rcfg.micro_batch_size_per_gpu))
+        new = unpad_dataproto(self._compute_old_log_prob(padded)[0], pad)
+        self.tracer.observe([traj.episodes[r] for r in rows], sub.batch["old_log_probs"], new.batch["old_log_probs"],
+                            traj.advantages[rows], traj.response_mask[rows], traj.turn_ids[rows], "after_update")
 
     def _empty_step(self, metrics: Dict[str, float], timing: Dict[str, float]) -> Dict[str, float]:
         """The metrics of a step whose rollout filter kept no env group (the weights stay)."""
@@ -425,6 +458,7 @@ class StarPOTrainer(RayPPOTrainer):
                               identity=identity_of(self.rcfg))
             truncate_metrics(self.metrics_path, self.global_steps)  # fresh run: a fresh log; resumed: <= step
             truncate_metrics(self.out_dir / GENERATIONS_FILE, self.global_steps)
+            truncate_metrics(self.out_dir / TRACE_FILE, self.global_steps)
         self.checkpoint_manager.update_weights(self.global_steps)
         print(run_header(self.rcfg, f"verl {type(self).__name__}", self.global_steps, len(self.train_plan),
                          self.out_dir), flush=True)
