@@ -609,11 +609,11 @@ def move_ragen_overrides(overrides: List[str]) -> List[str]:
 
 
 def algo_for_named_run(overrides: List[str], config_name: Optional[str]) -> List[str]:
-    """RAGEN's named runs (``--config-name _N_<env>``) choose the algorithm with ``algorithm.adv_estimator`` (RAGEN's
-    scripts: ``... --config-name _2_sokoban algorithm.adv_estimator=grpo``): with no ``algo=`` given, the algo that
-    carries that estimator is added (and :data:`NOTES` says so). Other configs keep their algo (a mismatch stops
-    naming the algo to use)."""
-    if not config_name or not re.match(r"_\d+_", str(config_name)):
+    """RAGEN's named runs (``--config-name _N_<env>``, ``base-lora``) choose the algorithm with
+    ``algorithm.adv_estimator`` (RAGEN's scripts: ``... --config-name _2_sokoban algorithm.adv_estimator=grpo``): with
+    no ``algo=`` given, the algo that carries that estimator is added (and :data:`NOTES` says so). Other configs keep
+    their algo (a mismatch stops naming the algo to use)."""
+    if not config_name or not re.match(r"_\d+_|base-lora$", str(config_name)):
         return overrides
     given = {_override_key(o): o.split("=", 1)[1] for o in overrides if "=" in o}
     if "algo" in given or "algorithm.adv_estimator" not in given:
