@@ -34,6 +34,8 @@ setup(
         "stats": ["scipy>=1.15"],
         "smol": ["gguf", "accelerate"],
         "wandb": ["wandb"],
+        # LoRA on the actor (actor_rollout_ref.model.lora_rank > 0; ragen_turn/models/lora.py)
+        "lora": ["peft>=0.17"],
         # CPU: the verl engine's tests against verl 0.9.1 (no vllm)
         "verl": ["verl==0.9.1", "cachetools", "uvicorn", "fastapi", "pyzmq", "msgspec"],
         # GPU machines: verl with vLLM rollouts

@@ -160,6 +160,10 @@ def check_missing_and_optional(cfg: DictConfig) -> None:
     if cfg.logger == "wandb" and find_spec("wandb") is None:
         raise ValueError("logger=wandb needs the wandb package, which is not installed: bash scripts/install.sh "
                          "installs it (or .venv/bin/pip install wandb)")
+    rank = OmegaConf.select(cfg, "actor_rollout_ref.model.lora_rank", default=0)
+    if rank and find_spec("peft") is None:
+        raise ValueError(f"actor_rollout_ref.model.lora_rank={rank} needs the peft package, which is not installed: "
+                         "bash scripts/install.sh installs it (or pip install 'ragen_turn[lora]')")
 
 
 def validate_config(cfg: DictConfig) -> None:
@@ -316,6 +320,15 @@ def _tiny_model(cfg: DictConfig) -> List[str]:
     return out
 
 
+def _lora(cfg: DictConfig) -> List[str]:
+    """``target_modules``: ``all-linear`` or a non-empty list of module names (verl's and peft's forms)."""
+    t = cfg.actor_rollout_ref.model.target_modules
+    if isinstance(t, str) or (OmegaConf.is_list(t) and len(t) and all(isinstance(x, str) for x in t)):
+        return []
+    return [f"actor_rollout_ref.model.target_modules={t}: must be all-linear or a list of module names "
+            "([q_proj, v_proj])"]
+
+
 def _device(cfg: DictConfig) -> List[str]:
     if str(cfg.device).startswith("cuda") and cfg.engine.name == "local":
         import torch
@@ -348,7 +361,7 @@ def _run_name(cfg: DictConfig) -> List[str]:
     return []
 
 
-CROSS_CHECKS = (_algorithm_pieces, _batches, _rollout_filter, _env_splits, _tiny_model, _device, _lengths, _run_name)
+CROSS_CHECKS = (_algorithm_pieces, _batches, _rollout_filter, _env_splits, _tiny_model, _lora, _device, _lengths, _run_name)
 
 
 def env_config_lines(cfg: DictConfig) -> List[str]:

@@ -199,17 +199,36 @@ def _n_gpus(v, given, cfg):
     return {}
 
 
-def _lora(key):
+LORA_RANK = "actor_rollout_ref.model.lora_rank"  # ours (verl's name); RAGEN's lora.* keys set the actor's
+
+
+def _lora_rank_given(given, cfg) -> int:
+    """The actor's LoRA rank this command asks for: RAGEN's ``lora.rank`` if given, else ours."""
+    v = given.get("lora.rank", OmegaConf.select(cfg, LORA_RANK, default=0))
+    return int(v or 0)
+
+
+def _lora(key: str, ours: str, cast=lambda v: v):
+    """RAGEN's ``lora.<x>`` is the actor's ``actor_rollout_ref.model.<ours>``; at rank 0 alpha and target_modules
+    change nothing (unused). RAGEN's lora.* also give its critic LoRA: the critic is fully fine-tuned here."""
     def apply(v, given, cfg):
-        for rank_key in LORA_RANK_KEYS:
-            if int(given.get(rank_key, 0) or 0) != 0:
-                _stop(f"{rank_key}={given.get(rank_key)}", "LoRA is not implemented: full fine-tuning only "
-                      "(lora.rank=0); a smaller model is the way to less memory (model=hf model_path=<dir>)")
-        return {UNUSED: "LoRA is off (rank 0): full fine-tuning"}
+        if key != "lora.rank" and _lora_rank_given(given, cfg) == 0:
+            return {UNUSED: "LoRA is off (rank 0): full fine-tuning"}
+        return {f"actor_rollout_ref.model.{ours}": cast(v)}
     return apply
 
 
-LORA_RANK_KEYS = ("lora.rank", "actor_rollout_ref.model.lora_rank", "critic.model.lora_rank")
+def _critic_lora(key):
+    def apply(v, given, cfg):
+        if key == "critic.model.lora_rank" and int(v or 0) != 0:
+            _stop(f"{key}={v}", "the critic is fully fine-tuned here (LoRA is the actor's: "
+                  "actor_rollout_ref.model.lora_rank, or RAGEN's lora.rank); leave critic.model.lora_rank at 0")
+        return {UNUSED: "the critic is fully fine-tuned (no critic LoRA)"}
+    return apply
+
+
+def _modules(v):
+    return OmegaConf.to_container(v) if OmegaConf.is_list(v) else v
 
 
 def _collapse_samples(v, given, cfg):
@@ -363,13 +382,10 @@ MORE: List[Alias] = [
           _refused_unless("actor_rollout_ref.actor.grpo_advantage_length_weight", _falsy, "off",
                           f"{NOT_HERE}; the nearest is actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean"),
           outcome="refused"),
-    Alias("actor_rollout_ref.model.lora_rank", "(0 only)", _lora("actor_rollout_ref.model.lora_rank"),
+    Alias("critic.model.lora_rank", "(0 only: the critic is fully fine-tuned)", _critic_lora("critic.model.lora_rank"),
           outcome="refused"),
-    Alias("actor_rollout_ref.model.lora_alpha", "(unused)", _lora("x"), outcome="unused"),
-    Alias("actor_rollout_ref.model.target_modules", "(unused)", _lora("x"), outcome="unused"),
-    Alias("critic.model.lora_rank", "(0 only)", _lora("critic.model.lora_rank"), outcome="refused"),
-    Alias("critic.model.lora_alpha", "(unused)", _lora("x"), outcome="unused"),
-    Alias("critic.model.target_modules", "(unused)", _lora("x"), outcome="unused"),
+    Alias("critic.model.lora_alpha", "(unused: no critic LoRA)", _critic_lora("x"), outcome="unused"),
+    Alias("critic.model.target_modules", "(unused: no critic LoRA)", _critic_lora("x"), outcome="unused"),
     Alias("critic.model.path", "(must equal model_path: the critic starts from the actor's model)",
           _critic_model_path, outcome="unused"),
     Alias("critic.optim.betas", "(RAGEN's [0.9, 0.999] only: the critic's AdamW default)", _critic_betas,
@@ -536,9 +552,12 @@ ALIASES: List[Alias] = [
     Alias("actor_rollout_ref.rollout.max_model_len", "agent_proxy.max_context_tokens (an episode ends when its "
           "next turn would not fit; RAGEN drops old turns)", _set("agent_proxy.max_context_tokens", int)),
     Alias("trainer.n_gpus_per_node", "trainer.n_gpus_per_node (engine=verl; 1 on the local engine)", _n_gpus),
-    Alias("lora.rank", "(0 only: full fine-tuning)", _lora("lora.rank"), outcome="refused"),
-    Alias("lora.alpha", "(with lora.rank 0: unused)", _lora("lora.alpha"), outcome="unused"),
-    Alias("lora.target_modules", "(with lora.rank 0: unused)", _lora("lora.target_modules"), outcome="unused"),
+    Alias("lora.rank", "actor_rollout_ref.model.lora_rank (the actor's; the critic stays fully fine-tuned)",
+          _lora("lora.rank", "lora_rank", int)),
+    Alias("lora.alpha", "actor_rollout_ref.model.lora_alpha (at rank 0: unused)", _lora("lora.alpha", "lora_alpha",
+                                                                                         float), outcome="unused"),
+    Alias("lora.target_modules", "actor_rollout_ref.model.target_modules (at rank 0: unused)",
+          _lora("lora.target_modules", "target_modules", _modules), outcome="unused"),
     Alias("collapse_detection.compute_freq", "trainer.collapse_freq", _set("trainer.collapse_freq", int)),
     Alias("collapse_detection.num_samples", "trainer.collapse_num_samples (all -> null)", _collapse_samples),
 ]
@@ -590,11 +609,11 @@ def move_ragen_overrides(overrides: List[str]) -> List[str]:
 
 
 def algo_for_named_run(overrides: List[str], config_name: Optional[str]) -> List[str]:
-    """RAGEN's named runs (``--config-name _N_<env>``) choose the algorithm with ``algorithm.adv_estimator`` (RAGEN's
-    scripts: ``... --config-name _2_sokoban algorithm.adv_estimator=grpo``): with no ``algo=`` given, the algo that
-    carries that estimator is added (and :data:`NOTES` says so). Other configs keep their algo (a mismatch stops
-    naming the algo to use)."""
-    if not config_name or not re.match(r"_\d+_", str(config_name)):
+    """RAGEN's named runs (``--config-name _N_<env>``, ``base-lora``) choose the algorithm with
+    ``algorithm.adv_estimator`` (RAGEN's scripts: ``... --config-name _2_sokoban algorithm.adv_estimator=grpo``): with
+    no ``algo=`` given, the algo that carries that estimator is added (and :data:`NOTES` says so). Other configs keep
+    their algo (a mismatch stops naming the algo to use)."""
+    if not config_name or not re.match(r"_\d+_|base-lora$", str(config_name)):
         return overrides
     given = {_override_key(o): o.split("=", 1)[1] for o in overrides if "=" in o}
     if "algo" in given or "algorithm.adv_estimator" not in given:

@@ -240,9 +240,19 @@ class ActorConfig:
 
 
 @dataclass
+class ActorModelConfig:
+    """verl's LoRA keys (``actor_rollout_ref.model.*``): rank 0 = full fine-tuning (ragen_turn/models/lora.py)."""
+
+    lora_rank: int = key(0, ge=0)
+    lora_alpha: float = key(16.0, gt=0)
+    target_modules: Any = key("all-linear")  # all-linear, or a list of module names (q_proj, v_proj, ...)
+
+
+@dataclass
 class ActorRolloutRefConfig:
     rollout: RolloutConfig = section(RolloutConfig)
     actor: ActorConfig = section(ActorConfig)
+    model: ActorModelConfig = section(ActorModelConfig)
 
 
 @dataclass

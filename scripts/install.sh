@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Create .venv (CPU torch pinned) and install ragen_turn with the given extras
-# (default: dev,webshop,plot,wandb,stats: tests, WebShop search, report plots, logger=wandb, report intervals).
+# (default: dev,webshop,plot,wandb,stats,lora: tests, WebShop search, report plots, logger=wandb, report intervals,
+# LoRA via peft).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-EXTRAS="${1:-dev,webshop,plot,wandb,stats}"
+EXTRAS="${1:-dev,webshop,plot,wandb,stats,lora}"
 PY="${PYTHON:-python3}"
 start=$(date +%s)
 if [ ! -x .venv/bin/python ]; then

@@ -239,6 +239,9 @@ MAPPED = [  # RAGEN override(s) -> our key: value in the resolved config
       "actor_rollout_ref.rollout.tensor_model_parallel_size=2"],
      {"trainer.n_gpus_per_node": 4, "engine.verl.gpu_memory_utilization": 0.3, "engine.verl.rollout_tp": 2}),
     (["lora.rank=0", "lora.alpha=64", "lora.target_modules=all-linear"], {"seed": 0}),
+    (["lora.rank=64", "lora.alpha=32", "lora.target_modules=[q_proj,v_proj]"],
+     {"actor_rollout_ref.model.lora_rank": 64, "actor_rollout_ref.model.lora_alpha": 32.0,
+      "actor_rollout_ref.model.target_modules": ["q_proj", "v_proj"]}),
     (["collapse_detection.compute_freq=3", "collapse_detection.num_samples=all"],
      {"trainer.collapse_freq": 3, "trainer.collapse_num_samples": None}),
 ]
@@ -255,7 +258,7 @@ STOPPED = [  # RAGEN override(s) -> the message names our key
     (["critic.ppo_micro_batch_size_per_gpu=1"], "set micro_batch_size_per_gpu"),
     (["actor_rollout_ref.rollout.tensor_model_parallel_size=2"], "engine.verl.rollout_tp"),
     (["trainer.n_gpus_per_node=8"], "trainer.n_gpus_per_node"),
-    (["lora.rank=8"], "lora.rank=0"),
+    (["critic.model.lora_rank=8"], "actor_rollout_ref.model.lora_rank"),
     (["algo=grpo", "algorithm.adv_estimator=grpo", "algorithm.bi_level_gae=True"], "algorithm.adv_estimator=gae"),
 ]
 
@@ -317,11 +320,12 @@ def test_every_ragen_key_is_tested_and_in_the_docs_table():
 
 
 def test_ragen_keys_stop_the_command_line_before_work(tmp_path):
-    res = subprocess.run(["bash", "train.sh", "sokoban", "turn_ppo", "lora.rank=8",
+    res = subprocess.run(["bash", "train.sh", "sokoban", "turn_ppo", "critic.model.lora_rank=8",
                           f"trainer.default_local_dir={tmp_path / 'run'}"],
                          cwd=ROOT, env={**os.environ, "PYTHON": sys.executable}, capture_output=True, text=True,
                          timeout=300)
-    assert res.returncode == 2 and "lora.rank=8" in res.stderr and "lora.rank=0" in res.stderr
+    assert res.returncode == 2 and "critic.model.lora_rank=8" in res.stderr and \
+        "actor_rollout_ref.model.lora_rank" in res.stderr
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 

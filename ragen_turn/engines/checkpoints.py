@@ -31,6 +31,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 from .rundir import atomic_write_text, crash_point, fsync_dir, fsync_tree, writing
 
 MANIFEST = "complete.json"
+ADAPTER_DIR = "actor_adapter"  # a LoRA run's adapter (peft's files), beside actor/ (the merged model)
 LATEST = "latest"
 LAST_GOOD = "last_good"
 VERL_TRACKER = "latest_checkpointed_iteration.txt"  # verl's pointer: the newest step's number

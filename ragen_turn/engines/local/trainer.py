@@ -17,6 +17,7 @@ verl engine). Config checks, device/seeds and what a run logs live outside the e
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import random
@@ -71,6 +72,7 @@ from ragen_turn.engines.runlog import (
 )
 from ragen_turn.runtime import derived_seed, eta, fmt_duration, pick_device, seed_everything
 from ragen_turn.models import CriticModel, load_model_and_tokenizer, logprobs_and_hidden, sequence_logprobs
+from ragen_turn.models.lora import lora_of
 from ragen_turn.rollout import ChatFormatter, EnvGroupManager, Trajectory, context_config, run_episodes, throttled
 from ragen_turn.rollout.context import check_context_fits
 
@@ -132,9 +134,6 @@ class StarPOTrainer:
         if warmstart_enabled(cfg, log):
             self.actor = warmstart(self.actor, self.tokenizer, cfg, log=log)
         self.actor.to(self.device)
-        self.ref = None
-        if cfg.actor_rollout_ref.actor.use_kl_loss:
-            self.ref = copy.deepcopy(self.actor).eval().requires_grad_(False)
         self.critic: Optional[CriticModel] = None
         # shared_backbone: the value head reads the actor's backbone and trains with the actor (one joint loss)
         self.shared_critic = cfg.critic.level != "none" and bool(cfg.critic.shared_backbone)
@@ -142,12 +141,17 @@ class StarPOTrainer:
             self.critic = CriticModel.on_shared_backbone(self.actor)
         elif cfg.critic.level != "none":
             self.critic = CriticModel.from_causal_lm(self.actor).to(self.device)
+        # LoRA (actor_rollout_ref.model.lora_rank > 0): after the critic's copy, which stays fully fine-tuned
+        self.lora = lora_of(self.actor, cfg.actor_rollout_ref.get("model"))
+        self.ref = None
+        if cfg.actor_rollout_ref.actor.use_kl_loss:  # with LoRA: the actor with its adapter off (no copy; score)
+            self.ref = self.actor if self.lora else copy.deepcopy(self.actor).eval().requires_grad_(False)
         if cfg.engine.get("gradient_checkpointing", False):  # recompute each layer in backward: memory for time
             for m in (self.actor, None if self.shared_critic else self.critic):
                 if m is not None:
                     m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         a, c = cfg.actor_rollout_ref.actor, cfg.critic
-        groups = [{"params": list(self.actor.parameters())}]
+        groups = [{"params": [p for p in self.actor.parameters() if p.requires_grad]}]  # LoRA: the adapter
         if self.shared_critic:  # the head keeps the critic's lr and weight decay
             groups.append({"params": list(self.critic.value_head.parameters()), "lr": c.optim.lr,
                            "weight_decay": c.optim.weight_decay})
@@ -237,7 +241,8 @@ class StarPOTrainer:
         self.actor.eval()
         batch.old_logp = self._forward_all(lambda *a: self.logprobs(self.actor, *a), batch)
         if self.ref is not None:
-            batch.ref_logp = self._forward_all(lambda *a: self.logprobs(self.ref, *a), batch)
+            with self.lora.adapter_off() if self.lora else contextlib.nullcontext():
+                batch.ref_logp = self._forward_all(lambda *a: self.logprobs(self.ref, *a), batch)
         if self.critic is not None:
             self.critic.eval()
             after = self._forward_all(lambda ids, am, pos, _: self.critic(ids, am, pos), batch)  # V after token t
@@ -482,7 +487,7 @@ class StarPOTrainer:
         stops = [x for x in (a.get("target_kl"), limit) if x is not None]
         before = None
         if limit is not None:  # what a rollback restores (a copy of the weights and the optimizer's moments)
-            before = ({k: v.detach().clone() for k, v in model.state_dict().items()},
+            before = ({k: v.detach().clone() for k, v in self._weights(model).items()},
                       copy.deepcopy(self.actor_optim.state_dict()))
         m, s = self._run_updates(batch, model, self.actor_optim, loss_of, a.ppo_epochs, a.grad_clip, "actor",
                                  stats_of, target_kl=min(stops) if stops else None,
@@ -497,7 +502,7 @@ class StarPOTrainer:
         if limit is not None:
             kl = metrics["actor/update_kl"] = self.update_kl(batch)
             if not kl <= limit:
-                model.load_state_dict(before[0])
+                model.load_state_dict(before[0], strict=self.lora is None)
                 self.actor_optim.load_state_dict(before[1])
                 rolled_back = True
                 self.log(f"[warn] step {self.step + 1}: the actor's update moved the policy by approx KL {kl:.4g} "
@@ -529,6 +534,11 @@ class StarPOTrainer:
             mods["critic"] = self.critic.value_head if self.shared_critic else self.critic
         return mods
 
+    def _weights(self, m: torch.nn.Module) -> Dict[str, torch.Tensor]:
+        """What an update changes in ``m``: its state dict, or with LoRA its trainable parameters only (a copy of
+        the frozen base each step would cost a full model)."""
+        return m.state_dict() if self.lora is None else {n: p for n, p in m.named_parameters() if p.requires_grad}
+
     def sound_update(self, batch: Trajectory) -> Dict[str, float]:
         """:meth:`update`, then the weights are part of the soundness check: an update that leaves non-finite
         weights, or moves a model's weights by more than :data:`MAX_RELATIVE_UPDATE` times their norm (a finite
@@ -539,13 +549,13 @@ class StarPOTrainer:
         Metrics: ``<model>/weights_update_rel`` (||w_after - w_before|| / max(||w_before||, 1))."""
         mods = self._trained_modules()
         optims = [o for o in (self.actor_optim, self.critic_optim) if o is not None]
-        before = {k: {n: t.detach().to("cpu", copy=True) for n, t in m.state_dict().items()} for k, m in mods.items()}
+        before = {k: {n: t.detach().to("cpu", copy=True) for n, t in self._weights(m).items()} for k, m in mods.items()}
         optim_before = [copy.deepcopy(o.state_dict()) for o in optims]
         in_a_row = self.nonfinite_in_a_row
 
         def put_back() -> None:
             for k, m in mods.items():
-                m.load_state_dict(before[k])
+                m.load_state_dict(before[k], strict=self.lora is None)
             for o, state in zip(optims, optim_before):
                 o.load_state_dict(state)
 
@@ -558,7 +568,7 @@ class StarPOTrainer:
         for k, m in mods.items():
             num = den = 0.0
             finite = True
-            for n, t in m.state_dict().items():
+            for n, t in self._weights(m).items():
                 if not t.is_floating_point():
                     continue
                 a, b = t.detach().double().cpu(), before[k][n].double()  # 1e30 ** 2 overflows float32
@@ -771,7 +781,10 @@ class StarPOTrainer:
         tmp = ckpt.begin(self.ckpt_dir, self.step)
         try:
             with writing(tmp / "actor"):
-                self.actor.save_pretrained(tmp / "actor")
+                if self.lora:  # actor/: the merged model (plain transformers); actor_adapter/: the adapter (peft)
+                    self.lora.save(tmp / "actor", tmp / ckpt.ADAPTER_DIR)
+                else:
+                    self.actor.save_pretrained(tmp / "actor")
                 crash_point("actor written")
                 self.tokenizer.save_pretrained(tmp / "actor")
                 crash_point("tokenizer written")
@@ -847,9 +860,15 @@ class StarPOTrainer:
         """Weights, optimizer moments, step and RNG states from checkpoint directory ``path``."""
         from transformers import AutoModelForCausalLM
 
-        loaded = AutoModelForCausalLM.from_pretrained(path / "actor", dtype=self.dtype, local_files_only=True)
         state = load_trainer_state(path / "trainer_state.pt")
-        self.actor.load_state_dict(loaded.state_dict())
+        if self.lora:  # the frozen base is the one this run built (model.path, warm start); the adapter is saved
+            if not (path / ckpt.ADAPTER_DIR).is_dir():
+                raise FileNotFoundError(f"{path} has no {ckpt.ADAPTER_DIR}/: a full fine-tuning checkpoint cannot "
+                                        "resume a LoRA run (actor_rollout_ref.model.lora_rank=0 resumes it)")
+            self.lora.load_adapter(path / ckpt.ADAPTER_DIR)
+        else:
+            loaded = AutoModelForCausalLM.from_pretrained(path / "actor", dtype=self.dtype, local_files_only=True)
+            self.actor.load_state_dict(loaded.state_dict())
         self._load_optimizer(self.actor_optim, state["actor_optim"], "actor")
         if self.shared_critic:
             self.critic.load_value_head(path / "critic")

@@ -276,6 +276,21 @@ def ray_resources(p: Placement, num_cpus: Optional[int] = None) -> Dict[str, Any
     return {"num_cpus": int(num_cpus) if num_cpus else max(need, os.cpu_count() or 1), "num_gpus": p.world_size}
 
 
+def lora_model_keys(ar: DictConfig) -> Dict[str, Any]:
+    """The actor's LoRA in verl's keys (``actor_rollout_ref.model.lora_rank / lora_alpha / target_modules``: verl's
+    FSDP engine wraps the actor with peft and computes the reference log-probs with the adapter off). The weights
+    go to the rollout merged (verl's ``model.lora.merge``: the base plus the adapter, as plain named tensors), which
+    every rollout takes (the hf rollout takes no adapters). Rank 0: no keys (full fine-tuning)."""
+    m = ar.get("model") or {}
+    rank = int(m.get("lora_rank", 0) or 0)
+    if rank <= 0:
+        return {}
+    alpha = float(m.get("lora_alpha", 16))
+    target = m.get("target_modules", "all-linear")
+    return {"lora_rank": rank, "lora_alpha": int(alpha) if alpha.is_integer() else alpha,
+            "target_modules": target if isinstance(target, str) else list(target), "lora": {"merge": True}}
+
+
 def to_verl_config(cfg: DictConfig, model_path: Optional[str] = None,
                    host: Optional[Host] = None) -> DictConfig:
     """Map our resolved config onto verl's. ``model_path`` defaults to ``model.path``.
@@ -319,7 +334,7 @@ def to_verl_config(cfg: DictConfig, model_path: Optional[str] = None,
             "return_raw_chat": True,
         },
         "actor_rollout_ref": {
-            "model": model,
+            "model": {**model, **lora_model_keys(ar)},
             "actor": {
                 "strategy": p.strategy,
                 "ppo_mini_batch_size": int(cfg.ppo_mini_batch_size),
@@ -393,7 +408,7 @@ def to_verl_config(cfg: DictConfig, model_path: Optional[str] = None,
                       "clip_grad": float(cfg.critic.grad_clip),
                       "lr_warmup_steps": int(cfg.critic.optim.get("lr_warmup_steps", -1)),
                       "lr_warmup_steps_ratio": float(cfg.critic.optim.get("lr_warmup_steps_ratio", 0.0))},
-            "model": dict(model),
+            "model": dict(model),  # no LoRA keys: the critic is fully fine-tuned
             "fsdp": fsdp,
         },
         "algorithm": {
