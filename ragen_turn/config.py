@@ -361,7 +361,8 @@ def _run_name(cfg: DictConfig) -> List[str]:
     return []
 
 
-CROSS_CHECKS = (_algorithm_pieces, _batches, _rollout_filter, _env_splits, _tiny_model, _lora, _device, _lengths, _run_name)
+CROSS_CHECKS = (_algorithm_pieces, _batches, _rollout_filter, _env_splits, _tiny_model, _lora, _device, _lengths,
+                _run_name)
 
 
 def env_config_lines(cfg: DictConfig) -> List[str]:
