@@ -1360,6 +1360,30 @@ def test_verl_corrupt_checkpoint_falls_back_to_the_newest_that_verifies(model_di
 
 
 @needs_verl
+def test_verl_files_reach_verls_unpickling_loader_only_verified(model_dir, tmp_path, monkeypatch, capsys):
+    """issue #59: verl's checkpoint loader unpickles its .pt files, so the driver verifies them first: a newest
+    checkpoint without complete.json is refused naming the key (the workers' loader is never called), and one with
+    a file its complete.json does not list falls back to the checkpoint before."""
+    from ragen_turn.engines.checkpoints import UnverifiedCheckpoint
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    _trainer_with_fake_workers(model_dir, tmp_path, "grpo")[0].fit()
+    manifest = tmp_path / "global_step_2" / "complete.json"
+    kept = manifest.read_text()
+    manifest.unlink()
+    t, _ = _trainer_with_fake_workers(model_dir, tmp_path, "grpo", "trainer.resume=true")
+    with pytest.raises(UnverifiedCheckpoint, match="global_step_2 is unverified.*unpickles.*trainer.load_unverified"):
+        t._load_checkpoint()
+    assert getattr(t.actor_rollout_wg, "loaded", None) is None
+    manifest.write_text(kept)
+    (tmp_path / "global_step_2" / "actor" / "extra_state_planted.pt").write_bytes(b"planted")
+    capsys.readouterr()
+    t, _ = _trainer_with_fake_workers(model_dir, tmp_path, "grpo", "trainer.resume=true")
+    assert t._load_checkpoint() == 1 and t.actor_rollout_wg.loaded.endswith("global_step_1/actor")
+    assert "actor/extra_state_planted.pt is not listed in complete.json" in capsys.readouterr().out
+
+
+@needs_verl
 def test_verl_rotation_sees_every_checkpoint_after_a_resume(model_dir, tmp_path, monkeypatch):
     """issue #47 finding 4: trainer.keep_checkpoints counts every global_step_* in the run dir, also those an
     earlier process wrote."""

@@ -12,7 +12,10 @@ Layout::
     checkpoints/.tmp_step_*     being written (removed at the next start if the writer died)
     checkpoints/.del_step_*     being deleted (renamed first, so no half-deleted step_* is ever left)
 
-A resume loads the newest complete step directory whose files match their checksums; ``latest`` is read
+A resume loads the newest complete step directory whose files match their checksums (every entry of
+``complete.json`` inside the directory, every file listed); one that cannot be verified (no ``complete.json``:
+written before checksums, or the file removed) is refused (:class:`UnverifiedCheckpoint`) unless
+``trainer.load_unverified=true``, never loaded silently. ``latest`` is read
 first and a disagreement (missing, empty, garbage, naming an incomplete, corrupt or older directory) is said in
 one line. A checkpoint is *confirmed* when the
 step after it updates with finite losses and gradients (its weights were sound); rotation never deletes the

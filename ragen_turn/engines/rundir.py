@@ -12,8 +12,9 @@ a crash, and the disk-full error.
 - :func:`writing`: turns a failed write on a full disk into ``DiskFull("no space left on device while writing
   <path>")``, whichever writer reports it (torch's zip writer says ``unexpected pos ...`` without the errno,
   safetensors raises a ``SafetensorError`` that is no ``OSError``; :func:`is_disk_full`).
-- :func:`clear_earlier_run` (``trainer.overwrite=true``) deletes what an earlier run left (:func:`take_run_dir`: the
-  check, then that, what both engines' trainers call first); :func:`remove_if_unused`
+- :func:`clear_earlier_run` (``trainer.overwrite=true``) deletes what an earlier run left, only a run's own files and
+  only in a run directory (:func:`check_overwritable`: anything else is refused, nothing deleted; :func:`take_run_dir`:
+  the check, then that, what both engines' trainers call first); :func:`remove_if_unused`
   deletes a run directory that a command refused before its first step left with nothing of a run in it.
 - :func:`crash_point`: a fault-injection hook for the kill-anywhere tests: ``RAGEN_TURN_CRASH_AT=N`` ends the
   process at the N-th crash point it passes (``os._exit``, or a real ``SIGKILL`` with ``N:sigkill``);
