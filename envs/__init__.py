@@ -69,6 +69,10 @@ def import_env_modules(modules: str | Iterable[str] | None) -> list:
     if isinstance(modules, str):
         modules = [m for m in modules.split(",")]
     names = [str(m).strip() for m in modules if str(m).strip()]
+    if names:  # env files written as RAGEN's docs teach import RAGEN's base classes: ours, unless RAGEN is installed
+        from .ragen_aliases import install
+
+        install()
     for name in names:
         try:
             importlib.import_module(name)

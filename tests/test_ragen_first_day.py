@@ -355,3 +355,58 @@ def test_ragens_readme_and_script_lines_run_or_stop_naming_the_replacement(commi
             stopped += 1
     assert ran + stopped == len(RAGEN[commit]["lines"]) and ran >= len(RAGEN[commit]["lines"]) // 2
 
+
+# ---------------------------------------------------------------- an env file written as RAGEN's docs teach
+def test_a_ragen_style_env_file_trains_unedited(tmp_path):
+    """tests/ragen_doc_env/env.py imports ``ragen.env.base`` and ``ragen.utils`` as RAGEN's env files do; without
+    RAGEN installed, env_module= provides them (ours) and 2 steps train."""
+    run = tmp_path / "run"
+    env = {**ENV, "PYTHONPATH": str(ROOT / "tests")}
+    res = subprocess.run(["bash", str(ROOT / "train.sh"), "echo_word", "grpo", "env_module=ragen_doc_env",
+                          *[o for o in TINY if not o.startswith("trainer.total_training_steps")],
+                          "trainer.total_training_steps=2", f"trainer.default_local_dir={run}"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "env echo_word: ragen_doc_env.env.EchoWordEnv" in res.stdout
+    steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps[-1] == 2
+
+
+def test_ragen_aliases_never_shadow_a_real_ragen(tmp_path):
+    """With a ``ragen`` package on the path the aliases are not installed; without one they are, and they are ours."""
+    (tmp_path / "ragen").mkdir()
+    (tmp_path / "ragen" / "__init__.py").write_text("REAL = True\n")
+    code = ("import sys; sys.path.insert(0, sys.argv[1]) if sys.argv[1] else None\n"
+            "from ragen_turn.envs.ragen_aliases import install\n"
+            "print(install())\n"
+            "import ragen; print(getattr(ragen, 'REAL', False))\n"
+            "if not ragen.__dict__.get('REAL'):\n"
+            "    from ragen.env.base import BaseLanguageBasedEnv\n"
+            "    from ragen_turn.envs import BaseLanguageBasedEnv as Ours\n"
+            "    print(BaseLanguageBasedEnv is Ours)\n")
+    real = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=ROOT, capture_output=True, text=True)
+    assert real.stdout.split() == ["False", "True"], real.stderr
+    alias = subprocess.run([sys.executable, "-c", code, ""], cwd=ROOT, capture_output=True, text=True)
+    assert alias.stdout.split() == ["True", "False", "True"], alias.stderr
+
+
+# ---------------------------------------------------------------- the warm start, announced before it starts
+def test_a_warm_start_is_announced_before_it_starts_with_its_time_and_skip_keys(tmp_path, monkeypatch, capsys):
+    """An uncached warm start (the tiny model's copy pretraining, then SFT) is said in one line before the model is
+    built: what, about how long here (a probe), the keys that skip it; once cached, nothing is said."""
+    from ragen_turn.engines.local.trainer import build_trainer
+    from ragen_turn.warmstart import warmstart_notice
+
+    monkeypatch.setenv("RAGEN_TURN_CACHE_DIR", str(tmp_path / "cache"))
+    over = ["env=sokoban", "model.copy_pretrain_steps=3", "model.warmstart.enable=true", "model.warmstart.episodes=8",
+            "model.warmstart.steps=2", "model.warmstart.batch_size=4", "model.warmstart.micro_batch_size=4"]
+    build_trainer(micro_config(over, run_dir=tmp_path / "run"), log=print)  # the copy pretraining prints too
+    lines = capsys.readouterr().out.splitlines()
+    notice = next(i for i, x in enumerate(lines) if x.startswith("[warmstart] before step 1"))
+    copy = next(i for i, x in enumerate(lines) if "copy pretraining step" in x)
+    assert notice < copy
+    said = lines[notice]
+    assert "copy pretraining of the tiny model (3 steps, about" in said and "SFT on 8 solver demonstrations" in said
+    assert "on this machine" in said and "model.copy_pretrain_steps=0 model.warmstart.enable=false" in said
+    again = []
+    assert warmstart_notice(micro_config(over, run_dir=tmp_path / "run2"), log=again.append) == {} and again == []
