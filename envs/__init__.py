@@ -75,6 +75,10 @@ def import_env_modules(modules: str | Iterable[str] | None) -> list:
     if not names or not all(names):
         raise ValueError(f"env_module={given!r}: names no module (an empty name); leave env_module out (or set "
                          "env_module=null) for none, or name the importable module(s) that register your envs")
+    # env files written as RAGEN's docs teach import RAGEN's base classes: ours, unless RAGEN is installed
+    from .ragen_aliases import install
+
+    install()
     for name in names:
         try:
             importlib.import_module(name)

@@ -194,9 +194,12 @@ def named_configs() -> list[str]:
 def check_config_name(name: str | None) -> None:
     """``--config-name <name>`` names a config here, and the env group it selects exists (RAGEN's ``_1_bandit`` needs
     ``config/env/bandit.yaml``); else a ``ValueError`` that lists what there is."""
+    from ragen_turn.ragen_keys import check_named_config
+
     if name is None or name == "base":
         return
     name = name[:-5] if name.endswith(".yaml") else name
+    check_named_config(name)  # RAGEN's named configs with no counterpart here: what to use instead
     path = Path(CONFIG_DIR) / f"{name}.yaml"
     if not path.is_file():
         raise ValueError(f"--config-name {name}: no config/{name}.yaml; available: {', '.join(named_configs())} "
@@ -324,9 +327,10 @@ def prepare_cli() -> None:
     """Before ``@hydra.main`` composes ``sys.argv``: the config files parse, RAGEN's keys moved aside
     (``model_path`` says what it chose, in one line), ``env_module=`` imported, the config choices (``env=``,
     ``algo=``, ...) and a ``--config-name`` checked."""
-    from ragen_turn.ragen_keys import NOTES, algo_for_named_run, move_ragen_overrides
+    from ragen_turn.ragen_keys import NOTES, algo_for_named_run, move_ragen_overrides, ragen_config_name
 
     check_config_files(config_dirs(sys.argv[1:]))
+    sys.argv[1:] = ragen_config_name(sys.argv[1:])  # RAGEN's --config-name base: its PPO run, our _2_sokoban
     name = _config_name_arg(sys.argv[1:])
     sys.argv[1:] = move_ragen_overrides(algo_for_named_run(sys.argv[1:], name))
     prepare_envs(sys.argv[1:])

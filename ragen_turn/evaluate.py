@@ -85,6 +85,8 @@ def evaluate_checkpoint(cfg: DictConfig, on_envs=None) -> dict:
     model.to(device)
     torch.manual_seed(cfg.seed)
     envs = EnvGroupManager(cfg.custom_envs, cfg.es_manager.val, "val")
+    tags = [str(t) for t in cfg.es_manager.val.env_configs.tags]
+    print(f"[eval] env={cfg.env.name}: held-out tags {', '.join(tags)} ({len(envs)} episodes)", flush=True)
     t0 = time.time()
     m = evaluate_policy(model, tok, cfg, envs, device, "val", log=lambda line: print(line, flush=True))
     if on_envs is not None:
@@ -92,10 +94,15 @@ def evaluate_checkpoint(cfg: DictConfig, on_envs=None) -> dict:
     m["episodes"] = len(envs)
     m["seconds"] = time.time() - t0
     m["checkpoint"] = str(ckpt)
+    m["env"], m["val_tags"] = str(cfg.env.name), tags
     return m
 
 
 CONFIG_GROUPS = ("env", "model", "algo", "engine", "sweep", "paper")
+# the model a command names (RAGEN's eval form: --config-name NAME model_path=<run>): the checkpoint evaluated, never a
+# key laid over the run's config
+MODEL_PATH_KEYS = ("model.path", "model_path", "actor_rollout_ref.model.path", "ragen_keys.model_path",
+                   "ragen_keys.actor_rollout_ref.model.path")
 
 
 def run_config_path(path: str) -> Path | None:
@@ -107,14 +114,46 @@ def run_config_path(path: str) -> Path | None:
     return None
 
 
-def config_for_eval(cfg: DictConfig, overrides: list[str]) -> DictConfig:
-    """Evaluate a run under its own settings (prompt format, turns, env, response length, model), with
-    this command's overrides on top; config-group choices (``env=``, ``model=``, ...) stay the run's.
+def run_config_name(run_cfg: Path) -> str:
+    """The ``--config-name`` a run was composed from (``base``, or one of RAGEN's named runs such as ``_2_sokoban``),
+    as Hydra recorded it in ``<run>/hydra/.hydra/hydra.yaml``; ``base`` when it was not recorded."""
+    import yaml
 
-    A run started from the command line recorded its Hydra overrides (``<run>/hydra/.hydra/overrides.yaml``):
-    the config is composed again from them plus ours, so interpolations follow (``es_manager.val.env_groups``
-    -> ``n_groups``). Otherwise ``<run>/config.yaml`` (resolved) gets our ``key=value`` overrides. For a
-    plain model directory ``cfg`` is used as it is."""
+    recorded = run_cfg.parent / "hydra" / ".hydra" / "hydra.yaml"
+    if not recorded.is_file():
+        return "base"
+    job = ((yaml.safe_load(recorded.read_text()) or {}).get("hydra") or {}).get("job") or {}
+    return str(job.get("config_name") or "base")
+
+
+def check_eval_matches_run(run_cfg: Path, env: str | None, config_name: str | None) -> None:
+    """An ``<env>`` (``env=``) or ``--config-name`` given to eval that is not the run's stops (``ValueError`` naming
+    both): a run is evaluated on its own env groups (its config's val tags)."""
+    import yaml
+
+    run = run_cfg.parent
+    own = yaml.safe_load(run_cfg.read_text()) or {}
+    own_env = str((own.get("env") or {}).get("name"))
+    tags = ", ".join(str(t) for t in ((own.get("es_manager") or {}).get("val") or {}).get("env_configs", {})
+                     .get("tags", []) or [])
+    if env is not None and env != own_env:
+        raise ValueError(f"env={env}: {run} trained on env={own_env} (held-out tags {tags}); a run is evaluated on "
+                         f"its own envs: bash eval.sh {run} (or bash eval.sh {own_env} {run})")
+    own_name = run_config_name(run_cfg)
+    if config_name is not None and config_name.removesuffix(".yaml") != own_name:
+        raise ValueError(f"--config-name {config_name}: {run} was trained with --config-name {own_name} "
+                         f"(env={own_env}); leave --config-name out to evaluate it on its own envs: bash eval.sh {run}")
+
+
+def config_for_eval(cfg: DictConfig, overrides: list[str], config_name: str | None = None) -> DictConfig:
+    """Evaluate a run under its own settings (prompt format, turns, env groups, response length, model), with
+    this command's overrides on top; config-group choices (``env=``, ``model=``, ...) stay the run's, and an
+    ``env=`` or ``config_name`` (``--config-name``) other than the run's stops (:func:`check_eval_matches_run`).
+
+    A run started from the command line recorded its Hydra overrides (``<run>/hydra/.hydra/overrides.yaml``) and
+    its config name: the config is composed again from them plus ours, so interpolations follow
+    (``es_manager.val.env_groups`` -> ``n_groups``). Otherwise ``<run>/config.yaml`` (resolved) gets our
+    ``key=value`` overrides. For a plain model directory ``cfg`` is used as it is."""
     import yaml
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
@@ -128,7 +167,10 @@ def config_for_eval(cfg: DictConfig, overrides: list[str]) -> DictConfig:
     def key(o) -> str:
         return o.key_or_group.lstrip("+~")
 
-    ours = [o for o in parser.parse_overrides(overrides) if key(o) not in CONFIG_GROUPS]
+    parsed = parser.parse_overrides(overrides)
+    env = next((str(o.value()) for o in parsed if key(o) == "env" and not o.is_delete()), None)
+    check_eval_matches_run(run_cfg, env, None if config_name in (None, "base") else config_name)
+    ours = [o for o in parsed if key(o) not in CONFIG_GROUPS and key(o) not in MODEL_PATH_KEYS]
     recorded = run_cfg.parent / "hydra" / ".hydra" / "overrides.yaml"
     if recorded.is_file():
         theirs = parser.parse_overrides([str(x) for x in (yaml.safe_load(recorded.read_text()) or [])])
@@ -136,8 +178,10 @@ def config_for_eval(cfg: DictConfig, overrides: list[str]) -> DictConfig:
         for o in theirs + ours:  # the last value of a key wins (a sweep records algo= twice)
             last.pop(key(o), None)
             last[key(o)] = o.input_line
-        print(f"[eval] settings of {run_cfg.parent} (its overrides + {len(ours)} of this command)")
-        return compose_config(list(last.values()))
+        name = run_config_name(run_cfg)
+        print(f"[eval] settings of {run_cfg.parent} (--config-name {name}, its overrides + {len(ours)} of this "
+              "command)")
+        return compose_config(list(last.values()), config_name=name)
     base = OmegaConf.load(run_cfg)
     with open_dict(base):
         for o in ours:
@@ -156,7 +200,7 @@ def main(cfg: DictConfig) -> None:
         print("error: give the checkpoint: +checkpoint=DIR (or use eval.sh)", file=sys.stderr)
         sys.exit(2)
     try:
-        cfg = config_for_eval(cfg, list(HydraConfig.get().overrides.task))
+        cfg = config_for_eval(cfg, list(HydraConfig.get().overrides.task), HydraConfig.get().job.config_name)
         m = evaluate_checkpoint(cfg)  # finalizes cfg (the config pipeline, once)
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional
 
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -129,13 +130,15 @@ def _val_do_sample(v, given, cfg):
     return {} if _bool(v) else {"actor_rollout_ref.rollout.val_temperature": 0.0}
 
 
-_AGG = ("token-mean", "seq-mean-token-mean", "turn-mean")
-
-
 def _loss_agg(v, given, cfg):
-    if v not in _AGG:
-        _stop(f"loss_agg_mode={v}", f"our key actor_rollout_ref.actor.policy_loss.loss_agg_mode takes {list(_AGG)}")
-    return {"actor_rollout_ref.actor.policy_loss.loss_agg_mode": v}
+    """verl's aggregation modes are ours (``algos.losses``: token units, and turn units for turn losses); the policy
+    loss's check then says which fit the chosen loss."""
+    from ragen_turn.algos.losses import TOKEN_AGG_MODES, TURN_AGG_MODES
+
+    modes = list(dict.fromkeys(TOKEN_AGG_MODES + TURN_AGG_MODES))
+    if str(v) not in modes:
+        _stop(f"loss_agg_mode={v}", f"our key actor_rollout_ref.actor.policy_loss.loss_agg_mode takes {modes}")
+    return {"actor_rollout_ref.actor.policy_loss.loss_agg_mode": str(v)}
 
 
 _KL = {"kl": "kl", "k1": "kl", "abs": "abs", "mse": "mse", "k2": "mse", "low_var_kl": "low_var_kl",
@@ -324,10 +327,41 @@ def _critic_betas(v, given, cfg):
 
 
 def _top_k_sampling(v, given, cfg):
-    if v is None or str(v).lower() in ("null", "none") or int(v) in (-1, 0):
-        return {UNUSED: "no top-k sampling (top_k off)"}
-    _stop(f"ctx_manager.generation.gen_config.top_k={v}", "no top-k sampling here; nucleus sampling is "
-          "actor_rollout_ref.rollout.top_p")
+    """RAGEN's generation config's top_k (its default: verl's ``actor_rollout_ref.rollout.top_k``, ours too)."""
+    return {"actor_rollout_ref.rollout.top_k": -1 if _null(v) else int(v)}
+
+
+def _rollout_n(v, given, cfg):
+    """verl's samples per prompt: RAGEN's group size (``es_manager.train.group_size``); 1 (verl's default, which
+    RAGEN's files keep) leaves the group size to es_manager."""
+    if int(v) == 1:
+        return {UNUSED: "verl's one sample per prompt; the rollouts per env group are es_manager.train.group_size"}
+    return {"es_manager.train.group_size": int(v)}
+
+
+def _gradient_checkpointing(v, given, cfg):
+    """verl's ``enable_gradient_checkpointing`` (actor or critic model): ours is one switch for both models, per
+    engine; an actor and a critic value that differ stop."""
+    keys = [k for k in GC_KEYS if k in given]
+    if len({_bool(given[k]) for k in keys}) > 1:
+        _stop(f"{keys[0]}={given[keys[0]]}", f"{keys[1]}={given[keys[1]]} differs: gradient checkpointing is one "
+              "switch for the actor and the critic here (engine.gradient_checkpointing; engine=verl: "
+              "engine.verl.gradient_checkpointing)")
+    ours = "engine.verl.gradient_checkpointing" if _engine(cfg) == "verl" else "engine.gradient_checkpointing"
+    return {ours: _bool(v)}
+
+
+GC_KEYS = ("actor_rollout_ref.model.enable_gradient_checkpointing", "critic.model.enable_gradient_checkpointing")
+
+
+def _offload(ours: str):
+    """verl's FSDP offload of the actor's / critic's parameters or optimizer: ``engine.verl.<ours>`` on engine=verl
+    (one switch for both models); the local engine has no FSDP."""
+    def apply(v, given, cfg):
+        if _engine(cfg) != "verl":
+            return {UNUSED: f"no FSDP on the local engine (engine=verl: engine.verl.{ours})"}
+        return {f"engine.verl.{ours}": _bool(v)}
+    return apply
 
 
 def _ray_cpus(v, given, cfg):
@@ -487,7 +521,8 @@ MORE: List[Alias] = [
           _set("actor_rollout_ref.rollout.temperature", float)),
     Alias("ctx_manager.generation.gen_config.top_p", "actor_rollout_ref.rollout.top_p",
           _set("actor_rollout_ref.rollout.top_p", float)),
-    Alias("ctx_manager.generation.gen_config.top_k", "(off only: -1, 0 or null)", _top_k_sampling, outcome="refused"),
+    Alias("ctx_manager.generation.gen_config.top_k", "actor_rollout_ref.rollout.top_k (null -> -1: off)",
+          _top_k_sampling),
     Alias("ctx_manager.generation.gen_config.kwargs", "(null only)",
           _refused_unless("ctx_manager.generation.gen_config.kwargs", _null, "no extra sampling arguments",
                           "extra sampling arguments are not passed on; the sampler's keys are "
@@ -507,7 +542,8 @@ ALIASES: List[Alias] = [
     Alias("actor_rollout_ref.rollout.val_kwargs.do_sample", "actor_rollout_ref.rollout.val_temperature=0 when false",
           _val_do_sample),
     Alias("actor_rollout_ref.actor.loss_agg_mode", "actor_rollout_ref.actor.policy_loss.loss_agg_mode", _loss_agg,
-          "seq-mean-token-sum stops"),
+          "verl's modes (token-mean, seq-mean-token-mean, seq-mean-token-sum, seq-mean-token-sum-norm) and ours "
+          "for turn losses"),
     Alias("actor_rollout_ref.actor.kl_loss_type", "actor_rollout_ref.actor.kl_loss_type (low-var-kl -> low_var_kl, "
           "k1/k2/k3)", _kl_type, "checked before work"),
     Alias("trainer.logger", "logger (console or wandb)", _logger, "other loggers stop"),
@@ -561,7 +597,52 @@ ALIASES: List[Alias] = [
     Alias("collapse_detection.compute_freq", "trainer.collapse_freq", _set("trainer.collapse_freq", int)),
     Alias("collapse_detection.num_samples", "trainer.collapse_num_samples (all -> null)", _collapse_samples),
 ]
-ALIASES += MORE
+
+# verl keys RAGEN's configs carry (its Sept 2025 base.yaml composes verl's ppo_trainer.yaml) and its run lines pass
+VERL_PADDING = "verl's padding-free forward (a speed setting): ours pads and masks, the same log-probs"
+VERL_KEYS: List[Alias] = [
+    Alias("actor_rollout_ref.actor.micro_batch_size_per_gpu", "micro_batch_size_per_gpu (RAGEN's Sept 2025 "
+          "base.yaml)", _set("micro_batch_size_per_gpu", int)),
+    Alias("actor_rollout_ref.rollout.n", "es_manager.train.group_size (1, verl's default: unused)", _rollout_n),
+    Alias("actor_rollout_ref.rollout.tp_size_check", "(unused: engine.verl.rollout_tp is checked against the GPUs)",
+          _unused("RAGEN's check of the vLLM tensor-parallel size; engine.verl.rollout_tp is checked against the "
+                  "GPUs before work"), outcome="unused"),
+    Alias("actor_rollout_ref.model.enable_gradient_checkpointing", "engine.gradient_checkpointing (engine=verl: "
+          "engine.verl.gradient_checkpointing)", _gradient_checkpointing),
+    Alias("critic.model.enable_gradient_checkpointing", "the same key as the actor's (one switch for both)",
+          _gradient_checkpointing),
+    Alias("actor_rollout_ref.model.use_remove_padding", "(unused)", _unused(VERL_PADDING), outcome="unused"),
+    Alias("critic.model.use_remove_padding", "(unused)", _unused(VERL_PADDING), outcome="unused"),
+    Alias("actor_rollout_ref.actor.fsdp_config.param_offload", "engine.verl.param_offload (engine=verl; unused on "
+          "the local engine)", _offload("param_offload")),
+    Alias("actor_rollout_ref.actor.fsdp_config.optimizer_offload", "engine.verl.optimizer_offload (engine=verl; "
+          "unused on the local engine)", _offload("optimizer_offload")),
+    Alias("critic.model.fsdp_config.param_offload", "engine.verl.param_offload (one switch for both models)",
+          _offload("param_offload")),
+    Alias("critic.model.fsdp_config.optimizer_offload", "engine.verl.optimizer_offload (one switch for both models)",
+          _offload("optimizer_offload")),
+    Alias("actor_rollout_ref.ref.fsdp_config.param_offload", "(unused: the reference model's placement is ours)",
+          _unused("the reference model is offloaded on GPUs and kept on CPU otherwise (engine=verl)"),
+          outcome="unused"),
+    Alias("trainer.default_hdfs_dir", "(unused: checkpoints go to trainer.default_local_dir)",
+          _unused("checkpoints are not copied to HDFS; they go to trainer.default_local_dir"), outcome="unused"),
+    Alias("trainer.generations_to_log_to_wandb.train", "(unused: trainer.log_val_generations logs held-out ones)",
+          _unused("training generations are not logged (RAGEN's Sept 2025 TODO); held-out ones: "
+                  "trainer.log_val_generations"), outcome="unused"),
+    Alias("data.shuffle", "(unused: no dataset, env seeds are drawn per step)",
+          _unused("there is no prompt dataset: each step draws new env seeds from the run seed"), outcome="unused"),
+    Alias("actor_rollout_ref.rollout.val_kwargs.top_k", "(-1 or 0 only: held-out episodes sample without top-k)",
+          _refused_unless("actor_rollout_ref.rollout.val_kwargs.top_k", lambda v: _null(v) or int(v) in (-1, 0),
+                          "held-out episodes sample without top-k (verl's default)", "held-out episodes sample "
+                          "without top-k here; their temperature is actor_rollout_ref.rollout.val_temperature"),
+          outcome="refused"),
+    Alias("actor_rollout_ref.rollout.val_kwargs.top_p", "(1.0 only: held-out episodes sample without top-p)",
+          _refused_unless("actor_rollout_ref.rollout.val_kwargs.top_p", lambda v: float(v) >= 1.0,
+                          "held-out episodes sample without top-p (verl's default)", "held-out episodes sample "
+                          "without top-p here; their temperature is actor_rollout_ref.rollout.val_temperature"),
+          outcome="refused"),
+]
+ALIASES += MORE + VERL_KEYS
 BY_KEY: Dict[str, Alias] = {a.key: a for a in ALIASES}
 
 
@@ -589,9 +670,9 @@ def move_ragen_overrides(overrides: List[str]) -> List[str]:
     out = []
     for o in overrides:
         key = _override_key(o)
-        if "=" in o and re.fullmatch(r"custom_envs\.[^.]+\.env_config\..+", key) and not o.startswith(("+", "~")):
-            out.append("++" + o)  # RAGEN's scripts set env_config keys our entry may not list: add or override
-            continue
+        if "=" in o and re.fullmatch(r"custom_envs\.[^.]+\..+", key) and not o.startswith(("+", "~")):
+            out.append("++" + o)  # RAGEN's scripts set keys our entry may not list, or of a tag the config lacks
+            continue             # (add_ragen_env_entries completes it): add or override
         if "=" in o and key in BY_KEY and not o.startswith("~"):
             value = o.split("=", 1)[1]
             out.append(f"++{HOLD}.{key}={value}")
@@ -630,6 +711,59 @@ def algo_for_named_run(overrides: List[str], config_name: Optional[str]) -> List
 
 
 CONFIG_GROUPS = ("model", "env", "algo", "engine", "paper", "sweep", "setting", "env_model")
+
+# RAGEN's --config-name base (both commits: PPO with GAE on Sokoban; its April 2026 base.yaml is its _2_sokoban) is
+# our _2_sokoban on the command line; our own base (turn_ppo) stays the default without --config-name
+NAMED_AS = {"base": "_2_sokoban"}
+EVAL_LOCAL = "bash eval.sh --config-name _2_sokoban model_path=<a local Hugging Face model dir or a run dir>"
+# RAGEN's named configs with no counterpart here -> what to use (docs/ragen_keys.md)
+NAMED_REFUSED = {
+    "_5_metamathqa": "RAGEN's MetamathQA (single-turn math questions from a dataset) is not an env here; the "
+                     "single-turn text env here is Countdown: bash train.sh --config-name _4_countdown (or register "
+                     "an env with env_module=, README \"Bring your own env\")",
+    "evaluate_api_llm": "RAGEN's evaluation of API models (OpenAI, Together, ...) is not here; eval.sh evaluates a "
+                        f"local model on RAGEN's envs: {EVAL_LOCAL}",
+    "stream": "RAGEN's one-episode streaming demo is not here; one held-out episode of a local model: "
+              f"{EVAL_LOCAL} es_manager.val.env_groups=1 (a training run writes episodes' text with "
+              "trainer.log_val_generations=N)",
+    "eval": f"RAGEN's eval config: here {EVAL_LOCAL} (the named config's envs, or a run's own)",
+    "eval_webshop": "RAGEN's WebShop eval config: here bash eval.sh --config-name _6_webshop model_path=<dir>",
+    "webshop_full": "RAGEN's full WebShop catalog is not shipped; the WebShop run here: bash train.sh --config-name "
+                    "_6_webshop (env=webshop, its shipped catalog)",
+    "webshop_3b_train": "an older RAGEN WebShop config (its train_all.sh names it; its repository has none); the "
+                        "WebShop run here: bash train.sh --config-name _6_webshop",
+    "_9_search": "RAGEN's search env (a retrieval server) is not here; search QA with a local retriever: "
+                 "bash train.sh search_qa <algo> (README \"Environments\")",
+}
+for _name in ("_7_lean", "_8_sudoku", "_9_2048", "_10_deepcoder", "_10_rubikscube"):
+    NAMED_REFUSED[_name] = (f"RAGEN's {_name.split('_', 2)[2]} env is not here; the named runs here are _1_bandit, "
+                            "_2_sokoban, _3_frozen_lake, _4_countdown and _6_webshop, or register the env with "
+                            "env_module= (README \"Bring your own env\")")
+
+
+def check_named_config(name: Optional[str]) -> None:
+    """A RAGEN named config with no counterpart here (:data:`NAMED_REFUSED`) stops naming what to use."""
+    name = None if name is None else str(name).removesuffix(".yaml")
+    if name in NAMED_REFUSED:
+        raise ValueError(f"--config-name {name}: {NAMED_REFUSED[name]}")
+
+
+def ragen_config_name(argv: List[str]) -> List[str]:
+    """``argv`` with RAGEN's ``--config-name base`` (``-cn base``, ``--config-name=base``) as ours
+    (:data:`NAMED_AS`: ``_2_sokoban``, RAGEN's PPO with GAE), said in one line (:data:`NOTES`)."""
+    out = list(argv)
+    for i, a in enumerate(out):
+        if a in ("--config-name", "-cn") and i + 1 < len(out) and out[i + 1].removesuffix(".yaml") in NAMED_AS:
+            old, out[i + 1] = out[i + 1], NAMED_AS[out[i + 1].removesuffix(".yaml")]
+        elif a.startswith("--config-name=") and a.split("=", 1)[1].removesuffix(".yaml") in NAMED_AS:
+            old = a.split("=", 1)[1]
+            out[i] = "--config-name=" + NAMED_AS[old.removesuffix(".yaml")]
+        else:
+            continue
+        new = NAMED_AS[old.removesuffix(".yaml")]
+        NOTES.append(f"[ragen_turn] --config-name {old}: RAGEN's base run (PPO with GAE: algo=token_ppo) is "
+                     f"--config-name {new} here (our own default, without --config-name, is algo=turn_ppo)")
+    return out
 
 
 def unknown_override_problems(overrides: List[str]) -> List[str]:
@@ -681,7 +815,9 @@ def apply_ragen_keys(cfg: DictConfig) -> Dict[str, str]:
     """Map every RAGEN key given onto ours (or stop naming our key); record it in ``ragen_aliases``.
 
     A key counts as given on the command line (under ``ragen_keys``) or at its own path (a yaml file; our own
-    keys among them, such as ``algorithm.adv_estimator``, are read there too, so RAGEN's values map)."""
+    keys among them, such as ``algorithm.adv_estimator``, are read there too, so RAGEN's values map). RAGEN's env
+    tags the config names but lacks are added first (:func:`add_ragen_env_entries`)."""
+    add_ragen_env_entries(cfg)
     given: Dict[str, Any] = {}
     held = set()
     for a in ALIASES:
@@ -710,6 +846,51 @@ def apply_ragen_keys(cfg: DictConfig) -> Dict[str, str]:
         prev = _select(cfg, RECORD) or {}
         cfg[RECORD] = {**prev, **record}
     return record
+
+
+# ---------------------------------------------------------------- RAGEN's envs.yaml tags
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "config"
+TAG_GROUPS = ("sokoban", "frozen_lake", "bandit", "countdown")  # env groups holding RAGEN's text tags
+
+
+def ragen_env_library() -> tuple:
+    """(RAGEN's text tags -> our entry, RAGEN's image tags -> the text tag with the same rules): the entries of the
+    env groups :data:`TAG_GROUPS` (``config/env/<group>.yaml``) and of ``config/ragen/envs.yaml``."""
+    entries: Dict[str, Any] = {}
+    for group in TAG_GROUPS:
+        entries.update(OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / "env" / f"{group}.yaml").custom_envs))
+    lib = OmegaConf.load(CONFIG_DIR / "ragen" / "envs.yaml")
+    entries.update(OmegaConf.to_container(lib.custom_envs))
+    return entries, OmegaConf.to_container(lib.visual_tags)
+
+
+def add_ragen_env_entries(cfg: DictConfig) -> List[str]:
+    """RAGEN's text tags that ``cfg`` names (``es_manager.*.env_configs.tags``, a command-line
+    ``custom_envs.<Tag>.<key>``) but whose entry it lacks, or holds only in part (no ``env_type``: the command line's
+    keys), completed from :func:`ragen_env_library` in place, the given keys on top; returns the tags added. An
+    image tag stops naming the text one."""
+    custom = _select(cfg, "custom_envs") or {}
+    named = [t for split in ("train", "val") for t in (_select(cfg, f"es_manager.{split}.env_configs.tags") or [])]
+    named += list(custom)
+    entries, visual = ragen_env_library()
+    added = []
+    for tag in dict.fromkeys(str(t) for t in named):
+        if tag in visual:
+            raise ValueError(f"{tag}: RAGEN's image env (render_mode rgb_array); envs here are text: use "
+                             f"{visual[tag]}, the same game as text (es_manager.*.env_configs.tags=[{visual[tag]}])")
+        if (custom.get(tag) or {}).get("env_type") is not None:
+            continue
+        if tag not in entries:
+            if tag in custom:  # keys of a tag that is nowhere (a command-line custom_envs.<Tag>.<key>)
+                known = sorted(set(entries) | {t for t, e in custom.items() if (e or {}).get("env_type")})
+                raise ValueError(f"custom_envs.{tag}: no such env tag here ({', '.join(known)}); a new tag needs "
+                                 f"its env: custom_envs.{tag}.env_type=<sokoban | bandit | ... | an env_module= env>")
+            continue
+        with open_dict(cfg):
+            given = cfg.custom_envs.get(tag) if tag in custom else {}
+            cfg.custom_envs[tag] = OmegaConf.merge(entries[tag], given or {})
+        added.append(tag)
+    return added
 
 
 # ---------------------------------------------------------------- what the run's log says once

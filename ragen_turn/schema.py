@@ -181,6 +181,7 @@ class AgentProxyConfig:
 class RolloutConfig:
     temperature: float = key(**POSITIVE)
     top_p: float = key(gt=0, le=1)
+    top_k: int = key(-1, ge=-1)  # top-k sampling (verl's key): -1 or 0 = off
     response_length: int = key(**TOKENS)
     val_temperature: float = key(**NON_NEGATIVE)  # 0 = greedy
     rollout_filter_ratio: float = key(gt=0)  # the filter's value (RAGEN's rollout_filter_value); per strategy below

@@ -355,3 +355,116 @@ def build(cfg: DictConfig, log=print) -> Path | None:
     path = cache_dir(cfg, tokenizer)
     warmstart(model, tokenizer, cfg, log=log)
     return path
+
+
+# ---------------------------------------------------------------- what a run builds before step 1, said first
+SKIP_KEYS = {"copy": "model.copy_pretrain_steps=0", "sft": "model.warmstart.enable=false"}
+
+
+def _silent(*_a, **_k) -> None:
+    pass
+
+
+def _tiny_parts(cfg: DictConfig):
+    """(tiny's config, its cache dir, whether it is built) for ``model=tiny``; None for other models."""
+    from ragen_turn.models import MARKER_FILE, seed_cache
+    from ragen_turn.models import tiny
+
+    if str(cfg.model.get("name")) != "tiny" or cfg.model.get("path"):
+        return None
+    model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
+    if model_cfg.get("pinned_cache"):  # committed models count as built (resolve_model_path copies them first)
+        seed_cache(model_cfg["pinned_cache"], model_cfg, log=_silent)
+    tcfg = tiny.tiny_config(model_cfg)
+    path = default_cache_root(model_cfg) / f"tiny-{tiny.config_hash(tcfg)}"
+    return tcfg, path, (path / MARKER_FILE).is_file()
+
+
+def warmstart_plan(cfg: DictConfig) -> Dict[str, Any]:
+    """What this run builds before step 1 that the cache does not hold: ``copy`` (the tiny model's copy
+    pretraining, its steps) and ``sft`` (the warm start: (demonstration episodes, SFT steps)); ``tokenizer`` the
+    model's tokenizer (for a probe)."""
+    from transformers import AutoTokenizer
+
+    from ragen_turn.models import tiny_tokenizer
+
+    plan: Dict[str, Any] = {}
+    sft_on = warmstart_enabled(cfg, log=_silent)
+    tiny = _tiny_parts(cfg)
+    if tiny is not None:
+        tcfg, path, built = tiny
+        if not built and int(tcfg.get("copy_pretrain_steps", 0)) > 0:
+            plan["copy"] = int(tcfg["copy_pretrain_steps"])
+        if not (sft_on or plan):
+            return plan
+        tok = AutoTokenizer.from_pretrained(path) if built else \
+            tiny_tokenizer.build_tokenizer(seed=0, corpus=tcfg["tokenizer_corpus"])
+    elif cfg.model.get("path") and sft_on:
+        try:
+            tok = AutoTokenizer.from_pretrained(str(cfg.model.path))
+        except (OSError, ValueError):  # not a model directory: loading the model says so
+            return plan
+    else:
+        return plan
+    if sft_on and not (cache_dir(cfg, tok) / "warmstart.json").is_file():
+        plan["sft"] = (int(cfg.model.warmstart.episodes), int(cfg.model.warmstart.steps))
+    if plan:
+        plan["tokenizer"] = tok
+    return plan
+
+
+def probe_seconds(cfg: DictConfig, plan: Dict[str, Any]) -> Dict[str, float]:
+    """Seconds each part of ``plan`` should take on this machine, from a 2-step probe of each on a fresh tiny model
+    (the real copy-task and SFT steps, on real batches): ``copy``, ``demos`` (the demonstration episodes), ``sft``.
+    Models other than tiny are not probed ({})."""
+    from ragen_turn.models import tiny
+    from ragen_turn.models.copy_pretrain import copy_pretrain
+    from ragen_turn.runtime import pick_device
+
+    parts = _tiny_parts(cfg)
+    if parts is None:
+        return {}
+    tok = plan["tokenizer"]
+    tok.padding_side = "left"
+    model = tiny.build_model({**parts[0], "copy_pretrain_steps": 0}, tok)
+    out: Dict[str, float] = {}
+    if "copy" in plan:
+        out["copy"] = copy_pretrain(model, tok, 2, log=_silent)["seconds"] / 2 * plan["copy"]
+    if "sft" in plan:
+        episodes, steps = plan["sft"]
+        ws = cfg.model.warmstart
+        n = max(1, min(int(ws.batch_size), episodes))
+        t0 = time.time()
+        demos = collect_demonstrations(cfg, tok, n, seed=warmstart_seed(cfg) + 10_007)
+        out["demos"] = (time.time() - t0) / n * episodes
+        probe = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+        probe.model.warmstart.steps = 2
+        out["sft"] = sft(model, demos, probe, pick_device(cfg.device), log=_silent)["sft/seconds"] / 2 * steps
+    return out
+
+
+def warmstart_notice(cfg: DictConfig, log=print) -> Dict[str, Any]:
+    """Before a run builds what it starts from (the cache lacks it): one line saying what it is, about how long it
+    should take on this machine (:func:`probe_seconds`) and the keys that skip it; returns the plan ({}: nothing)."""
+    from ragen_turn.runtime import fmt_duration
+
+    plan = warmstart_plan(cfg)
+    if not plan:
+        return plan
+    secs = probe_seconds(cfg, plan)
+    what = []
+    if "copy" in plan:
+        what.append(f"copy pretraining of the tiny model ({plan['copy']} steps"
+                    + (f", about {fmt_duration(secs['copy'])}" if "copy" in secs else "") + ")")
+    if "sft" in plan:
+        episodes, steps = plan["sft"]
+        took = secs.get("demos", 0.0) + secs.get("sft", 0.0)
+        what.append(f"SFT on {episodes} solver demonstrations ({steps} steps"
+                    + (f", about {fmt_duration(took)}" if "sft" in secs else "") + ")")
+    total = f"about {fmt_duration(sum(secs.values()))} on this machine (a 2-step probe of each part, timed here)" \
+        if secs else "its first steps print an ETA"
+    skip = " ".join(SKIP_KEYS[k] for k in ("copy", "sft") if k in plan)
+    log(f"[warmstart] before step 1 this run builds its warm start (once: later runs with the same model and env "
+        f"settings load it from the cache): {'; then '.join(what)}: {total}. To skip it and start RL from the "
+        f"untrained model: {skip}")
+    return plan

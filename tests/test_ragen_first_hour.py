@@ -52,7 +52,7 @@ RAGEN_KEYS = [
     ("actor_rollout_ref.actor.clip_ratio_high", "0.28", None, H),
     ("actor_rollout_ref.actor.grpo_advantage_length_weight", "False", "True", R),
     ("actor_rollout_ref.actor.filter_loss_scaling", "none", "sqrt", R),
-    ("actor_rollout_ref.actor.loss_agg_mode", "token-mean", "seq-mean-token-sum", A),
+    ("actor_rollout_ref.actor.loss_agg_mode", "token-mean", "seq-mean-token-max", A),
     ("actor_rollout_ref.actor.optim.betas", "[0.9,0.999]", None, H),
     ("actor_rollout_ref.actor.optim.lr", "1e-6", None, H),
     ("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", "1", None, U),
@@ -150,7 +150,7 @@ RAGEN_KEYS = [
     ("ctx_manager.generation.gen_config.response_length", "8", None, A),
     ("ctx_manager.generation.gen_config.temperature", "1.0", None, A),
     ("ctx_manager.generation.gen_config.top_p", "1.0", None, A),
-    ("ctx_manager.generation.gen_config.top_k", "-1", "50", R),
+    ("ctx_manager.generation.gen_config.top_k", "50", "-5", A),
     ("ctx_manager.generation.gen_config.kwargs", "null", "{a:1}", R),
     # ---------------------------------------------------------------- keys RAGEN's scripts/runs/*.sh add
     ("actor_rollout_ref.actor.entropy_from_logits_with_chunking", "True", None, U),

@@ -34,6 +34,8 @@ class BanditEnvConfig:
     ``hi_arm_hiscore_prob``, else ``hi_arm_loscore`` (RAGEN's defaults: 0.1, vs 1.0 w.p. 0.25: mean 0.25)."""
 
     split: str = "train"                    # which arm names: train (12 pairs) | test (8 other pairs)
+    lo_arm_name: Optional[str] = None       # RAGEN's Sept 2025 keys: both set = one fixed pair of names (the
+    hi_arm_name: Optional[str] = None       # low-risk, the high-risk arm) instead of split's; only their order drawn
     action_space_start: int = 1             # id of the first arm (the second is start + 1)
     lo_arm_score: float = 0.1
     hi_arm_loscore: float = 0.0
@@ -47,6 +49,14 @@ class BanditEnvConfig:
     format_penalty: float = -0.1            # not RAGEN's (its env asserts): reward of an unknown arm, a no-op
 
     def __post_init__(self) -> None:
+        if (self.lo_arm_name is None) != (self.hi_arm_name is None):
+            raise ValueError("bandit env_config.lo_arm_name and hi_arm_name go together (RAGEN's fixed pair of names): "
+                             f"got lo_arm_name={self.lo_arm_name!r}, hi_arm_name={self.hi_arm_name!r}")
+        if self.lo_arm_name is not None:
+            self.lo_arm_name, self.hi_arm_name = str(self.lo_arm_name), str(self.hi_arm_name)
+            if self.lo_arm_name == self.hi_arm_name:
+                raise ValueError("bandit env_config.lo_arm_name and hi_arm_name must differ, both "
+                                 f"{self.lo_arm_name!r}")
         if self.split not in ARM_PAIRS:
             raise ValueError(f"bandit env_config.split must be one of {sorted(ARM_PAIRS)}, got {self.split!r}")
         for name in ("lo_arm_score", "hi_arm_loscore", "hi_arm_hiscore", "hi_arm_hiscore_prob", "format_penalty"):

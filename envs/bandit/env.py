@@ -71,8 +71,11 @@ class BanditEnv(BaseDiscreteActionEnv):
         seed = check_seed(seed)
         if seed is not None or self._rng is None:
             self._rng, _ = seeding.np_random(None if seed is None else seed + self.internal_seed)
-        pairs = ARM_PAIRS[self.config.split]
-        self.lo_arm_name, self.hi_arm_name = pairs[int(self._rng.random() * len(pairs))]
+        if self.config.lo_arm_name is not None:  # RAGEN's Sept 2025 entries: one fixed pair of names
+            self.lo_arm_name, self.hi_arm_name = self.config.lo_arm_name, self.config.hi_arm_name
+        else:
+            pairs = ARM_PAIRS[self.config.split]
+            self.lo_arm_name, self.hi_arm_name = pairs[int(self._rng.random() * len(pairs))]
         start = self.config.action_space_start
         first, second = ((self.lo_arm_name, self.hi_arm_name) if self._rng.random() < 0.5
                          else (self.hi_arm_name, self.lo_arm_name))

@@ -122,6 +122,12 @@ def loss_settings(config: Any) -> LossSettings:
         raise ValueError(f"turn_band must be one of {TURN_BANDS}, got {band!r}")
     if agg is not None and agg not in TOKEN_AGG_MODES + TURN_AGG_MODES:
         raise ValueError(f"loss_agg_mode must be one of {sorted(set(TOKEN_AGG_MODES + TURN_AGG_MODES))}, got {agg!r}")
+    loss = cfg_get(config, "loss_mode", None)
+    if agg is not None and loss in POLICY_LOSS_REGISTRY:  # before any work, not at the first update
+        unit = POLICY_LOSS_REGISTRY.spec(loss).unit
+        modes = TOKEN_AGG_MODES if unit == "token" else TURN_AGG_MODES
+        if agg not in modes:
+            raise ValueError(f"loss_agg_mode {agg!r} is not valid for {loss} (a {unit}-unit loss): {list(modes)}")
     scale = cfg_get(config, "loss_scale_factor", None)
     if scale is not None and not (float(scale) > 0 and math.isfinite(float(scale))):
         raise ValueError(f"loss_scale_factor must be a finite number > 0, got {scale}")

@@ -58,7 +58,7 @@ class LocalSampler:
     :mod:`ragen_turn.models.kv_cache`): the samples are the same for a seed, the logits agree to float rounding.
     """
 
-    def __init__(self, model: Any, tokenizer: Any, temperature: float = 1.0, top_p: float = 1.0,
+    def __init__(self, model: Any, tokenizer: Any, temperature: float = 1.0, top_p: float = 1.0, top_k: int = -1,
                  stop_strings: Sequence[str] = ("</answer>", "</search>"), device: str | torch.device = "cpu",
                  generator: Optional[torch.Generator] = None, micro_batch_size: int = 0,
                  prefix_cache: bool = False, decode: str = "dynamic"):
@@ -69,7 +69,9 @@ class LocalSampler:
         self.model, self.tok = model, tokenizer
         self.decode = check_decode(decode)
         self._step = model  # the decode step's callable (compiled on first use when decode=compiled)
-        self.temperature, self.top_p = float(temperature), float(top_p)
+        if int(top_k) < -1:
+            raise ValueError(f"actor_rollout_ref.rollout.top_k must be -1 (off), 0 (off) or > 0, got {top_k}")
+        self.temperature, self.top_p, self.top_k = float(temperature), float(top_p), int(top_k)
         self.device = torch.device(device)
         self.generator = generator
         self.micro_batch_size = int(micro_batch_size)
@@ -192,6 +194,9 @@ class LocalSampler:
         if not bool(torch.isfinite(probs).all()):  # torch.multinomial would fail with a bare RuntimeError
             raise NonFiniteSampling("the policy's sampling distribution is not finite (non-finite logits: its "
                                     "weights are not sound)")
+        if 0 < self.top_k < probs.shape[-1]:  # keep the k most likely tokens (ties at the k-th kept, as verl's hf)
+            kth = probs.topk(self.top_k, dim=-1).values[:, -1:]
+            probs = probs.masked_fill(probs < kth, 0.0)
         if self.top_p < 1.0:
             sorted_p, order = probs.sort(dim=-1, descending=True)
             cum = sorted_p.cumsum(dim=-1)

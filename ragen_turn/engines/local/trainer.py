@@ -126,6 +126,9 @@ class StarPOTrainer:
             log(f"[ragen_turn] removed the checkpoints of the earlier run in {self.ckpt_dir} (a fresh start)")
         self.started = time.time()
 
+        from ragen_turn.warmstart import warmstart_notice
+
+        warmstart_notice(cfg, log)  # what is built before step 1 (the cache lacks it), how long, the keys that skip it
         self.actor, self.tokenizer = load_model_and_tokenizer(model_config(cfg), device="cpu", dtype=cfg.dtype)
         self.tokenizer.padding_side = "left"
         check_context_fits(cfg, self.tokenizer)  # the checks that need the tokenizer, before any warm start
@@ -171,8 +174,8 @@ class StarPOTrainer:
         r = cfg.actor_rollout_ref.rollout
         self.gen = torch.Generator(device="cpu")
         self.sampler = LocalSampler(self.actor, self.tokenizer, temperature=r.temperature, top_p=r.top_p,
-                                    device=self.device, generator=self.gen, micro_batch_size=r.micro_batch_size,
-                                    prefix_cache=r.prefix_cache, decode=r.decode)
+                                    top_k=r.get("top_k", -1), device=self.device, generator=self.gen,
+                                    micro_batch_size=r.micro_batch_size, prefix_cache=r.prefix_cache, decode=r.decode)
         self.loss_fn = get_policy_loss_fn(a.policy_loss.loss_mode)
         self.loss_cfg = policy_loss_config(cfg)
         self.tracer = EpisodeTracer(cfg, self.out_dir / TRACE_FILE, "local", self.tokenizer, self.loss_cfg) \

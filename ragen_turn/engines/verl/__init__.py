@@ -74,7 +74,9 @@ def model_path_for_verl(cfg: Any, log=print) -> str:
     when it is not cached yet).
     """
     from ragen_turn.models import resolve_model_path
+    from ragen_turn.warmstart import warmstart_notice
 
+    warmstart_notice(cfg, log)  # what is built before step 1 (the cache lacks it), how long, the keys that skip it
     path = resolve_model_path(dict(cfg.model), dtype=cfg.get("dtype"))
     from transformers import AutoTokenizer
 

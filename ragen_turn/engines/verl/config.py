@@ -381,6 +381,7 @@ def to_verl_config(cfg: DictConfig, model_path: Optional[str] = None,
                 "n": 1,  # our G rollouts per group are separate samples with one env seed
                 "temperature": float(r.temperature),
                 "top_p": float(r.top_p),
+                "top_k": int(r.get("top_k", -1)),
                 "tensor_model_parallel_size": int(v.rollout_tp),
                 "gpu_memory_utilization": float(v.gpu_memory_utilization),
                 "dtype": str(cfg.dtype),  # sampling in the actor's dtype (verl's default: bf16)
