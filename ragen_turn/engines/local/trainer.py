@@ -33,6 +33,7 @@ from ragen_turn.algos import (
     GlobalCounts,
     explained_variance,
     get_policy_loss_fn,
+    kl_controller,
     kl_penalty,
     masked_mean,
     minibatch_clip_stats,
@@ -43,7 +44,8 @@ from ragen_turn.algos import (
 from ragen_turn.config import model_config, policy_loss_config, validate_config
 from ragen_turn.engines import checkpoints as ckpt
 from ragen_turn.config import FilterSpec
-from ragen_turn.engines.advantages import advantage_metrics, compute_advantages, critic_targets, critic_values
+from ragen_turn.engines.advantages import (advantage_metrics, compute_advantages, critic_targets, critic_values,
+                                           reward_kl_penalty)
 from ragen_turn.engines.rollout_filter import filter_rows
 from ragen_turn.engines.rundir import (
     DiskFull,
@@ -129,7 +131,8 @@ class StarPOTrainer:
             self.actor = warmstart(self.actor, self.tokenizer, cfg, log=log)
         self.actor.to(self.device)
         self.ref = None
-        if cfg.actor_rollout_ref.actor.use_kl_loss:
+        self.kl_ctrl = kl_controller(cfg.algorithm)  # the in-reward KL's coefficient (None: off)
+        if cfg.actor_rollout_ref.actor.use_kl_loss or self.kl_ctrl is not None:
             self.ref = copy.deepcopy(self.actor).eval().requires_grad_(False)
         self.critic: Optional[CriticModel] = None
         # shared_backbone: the value head reads the actor's backbone and trains with the actor (one joint loss)
@@ -240,9 +243,12 @@ class StarPOTrainer:
                 truncated = torch.tensor([float(e.truncated) for e in batch.episodes])
                 batch.bootstrap_values = after.gather(1, last[:, None]).squeeze(1) * truncated
 
-    def compute_advantages(self, batch: Trajectory) -> None:
-        """Advantages and returns ``[B, T]`` of ``algorithm.adv_estimator`` (the registry's, as on verl)."""
-        compute_advantages(batch, self.cfg)
+    def compute_advantages(self, batch: Trajectory) -> Dict[str, float]:
+        """Advantages and returns ``[B, T]`` of ``algorithm.adv_estimator`` (the registry's, as on verl), with the
+        in-reward KL penalty when ``algorithm.use_kl_in_reward`` (its ``actor/reward_kl_penalty*`` metrics)."""
+        penalty, metrics = reward_kl_penalty(batch, self.cfg, self.kl_ctrl)
+        compute_advantages(batch, self.cfg, penalty)
+        return metrics
 
     # -------------------------------------------------------------------------------- critic
     def value_targets(self, batch: Trajectory):
@@ -424,7 +430,7 @@ class StarPOTrainer:
         metrics["actor/entropy"] = float(entropy.detach())
         if a.entropy_coeff:
             loss = loss - a.entropy_coeff * entropy
-        if self.ref is not None:
+        if a.use_kl_loss:
             kl = masked_mean(kl_penalty(logp, mb.ref_logp, a.kl_loss_type), mask, n_tokens)
             metrics["actor/kl_loss"] = float(kl.detach())
             loss = loss + a.kl_loss_coef * kl
@@ -591,7 +597,7 @@ class StarPOTrainer:
             return self._empty_step(metrics, t0, t_roll)
         self.empty_filtered_steps = 0
         self.score(batch)
-        self.compute_advantages(batch)
+        metrics.update(self.compute_advantages(batch))
         if self.critic is not None:
             metrics["critic/explained_var"] = explained_variance(*self.value_targets(batch))
         adv = batch.advantages[batch.response_mask.bool()]
@@ -744,6 +750,7 @@ class StarPOTrainer:
                 self.tokenizer.save_pretrained(tmp / "actor")
                 crash_point("tokenizer written")
             state = {"step": self.step, "nonfinite_in_a_row": self.nonfinite_in_a_row,
+                     "kl_ctrl": None if self.kl_ctrl is None else self.kl_ctrl.value,
                      "actor_optim": self.actor_optim.state_dict(),
                      "rng": {"python": random.getstate(), "numpy": np.random.get_state(),
                              "torch": torch.get_rng_state()}}
@@ -827,6 +834,8 @@ class StarPOTrainer:
             self._load_optimizer(self.critic_optim, state["critic_optim"], "critic")
         self.step = int(state["step"])
         self.nonfinite_in_a_row = int(state["nonfinite_in_a_row"])
+        if self.kl_ctrl is not None and state.get("kl_ctrl") is not None:  # the adaptive coefficient goes on
+            self.kl_ctrl.value = float(state["kl_ctrl"])
         random.setstate(state["rng"]["python"])
         np.random.set_state(state["rng"]["numpy"])
         torch.set_rng_state(state["rng"]["torch"])
