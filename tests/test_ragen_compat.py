@@ -363,6 +363,7 @@ def test_episode_metrics_per_tag_pass_at_k_and_effective_rate():
     assert m["val/pass@2"] == pytest.approx(2 / 3)
     assert m["val/A/success"] == pytest.approx(1 / 4) and m["val/A/pass@2"] == pytest.approx(1 / 2)
     assert m["val/B/success"] == 1.0 and m["val/B/pass@2"] == 1.0
+    assert m["val/A/actions"] == pytest.approx(5 / 4) and m["val/B/actions"] == 1.0  # RAGEN's <tag>/num_actions
     named = 7 + 4  # actions that reached the env + names dropped before it
     assert m["val/effective_action_rate"] == pytest.approx(4 / named)
     assert m["val/invalid_action_rate"] == pytest.approx((4 + 1) / named)

@@ -115,6 +115,22 @@ def compute_advantages(batch: Trajectory, cfg: Any, token_rewards: Optional[torc
         batch.returns, batch.turn_returns = returns, None
 
 
+def score_metrics(batch: Trajectory, cfg: Any, token_rewards: Optional[torch.Tensor] = None) -> Dict[str, float]:
+    """verl's ``critic/score/*``, ``critic/rewards/*`` and ``critic/advantages/*`` (mean, max, min; RAGEN logs them
+    through verl's ``compute_data_metrics``) for the local engine (the verl engine logs verl's own): a row's score is
+    its normalised reward sum (RAGEN's token-level scores), its reward that plus the in-reward KL penalty
+    ``token_rewards`` ``[B, T]``; advantages over the response tokens. After :func:`compute_advantages`."""
+    score = normalized_turn_rewards(batch, cfg).sum(dim=1).float()
+    rewards = score if token_rewards is None else score + (token_rewards * batch.response_mask).sum(dim=1)
+    out: Dict[str, float] = {}
+    for name, x in (("score", score), ("rewards", rewards),
+                    ("advantages", batch.advantages[batch.response_mask.bool()].float())):
+        if x.numel():
+            out.update({f"critic/{name}/mean": float(x.mean()), f"critic/{name}/max": float(x.max()),
+                        f"critic/{name}/min": float(x.min())})
+    return out
+
+
 def critic_targets(batch: Trajectory, level: str) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """What the critic of ``level`` (``critic.level``: the estimator's, ``algos.adv_estimator_spec``) is
     trained on, for both engines: ``(mask, old_values, returns)``.

@@ -45,7 +45,7 @@ from ragen_turn.config import model_config, policy_loss_config, validate_config
 from ragen_turn.engines import checkpoints as ckpt
 from ragen_turn.config import FilterSpec
 from ragen_turn.engines.advantages import (advantage_metrics, compute_advantages, critic_targets, critic_values,
-                                           reward_kl_penalty)
+                                           reward_kl_penalty, score_metrics)
 from ragen_turn.engines.rollout_filter import filter_rows
 from ragen_turn.engines.rundir import (
     DiskFull,
@@ -59,6 +59,7 @@ from ragen_turn.engines.rundir import (
 from ragen_turn.engines.runlog import (
     GENERATIONS_FILE,
     append_metrics,
+    with_ragen_names,
     episode_metrics,
     progress_line,
     record_provenance,
@@ -245,9 +246,11 @@ class StarPOTrainer:
 
     def compute_advantages(self, batch: Trajectory) -> Dict[str, float]:
         """Advantages and returns ``[B, T]`` of ``algorithm.adv_estimator`` (the registry's, as on verl), with the
-        in-reward KL penalty when ``algorithm.use_kl_in_reward`` (its ``actor/reward_kl_penalty*`` metrics)."""
+        in-reward KL penalty when ``algorithm.use_kl_in_reward`` (its ``actor/reward_kl_penalty*`` metrics), and
+        verl's ``critic/score|rewards|advantages/*``."""
         penalty, metrics = reward_kl_penalty(batch, self.cfg, self.kl_ctrl)
         compute_advantages(batch, self.cfg, penalty)
+        metrics.update(score_metrics(batch, self.cfg, penalty))
         return metrics
 
     # -------------------------------------------------------------------------------- critic
@@ -725,7 +728,7 @@ class StarPOTrainer:
             os.environ.setdefault("WANDB_MODE", self.cfg.wandb.mode)
             self.wandb = wandb.init(project=self.cfg.wandb.project, name=self.cfg.trainer.experiment_name,
                                     dir=str(self.out_dir), config=OmegaConf.to_container(self.cfg, resolve=True))
-        self.wandb.log(metrics, step=int(metrics.get("step", self.step)))
+        self.wandb.log(with_ragen_names(metrics), step=int(metrics.get("step", self.step)))  # ours and RAGEN's
 
     # -------------------------------------------------------------------------------- checkpoints
     def checkpoint_note(self) -> str:

@@ -54,7 +54,7 @@ from ragen_turn.engines.rundir import crash_point, record_config, run_complete, 
 from ragen_turn.runtime import derived_seed
 from ragen_turn.engines.runlog import (
     GENERATIONS_FILE, append_metrics, episode_metrics, progress_line, record_provenance, run_header, truncate_metrics,
-    write_generations,
+    with_ragen_names, write_generations,
 )
 from ragen_turn.rollout import EnvSlot, Trajectory
 from ragen_turn.rollout.env_manager import EnvGroupManager
@@ -532,7 +532,7 @@ class StarPOTrainer(RayPPOTrainer):
     def _log(self, metrics: Dict[str, Any]) -> None:
         append_metrics(self.metrics_path, metrics)
         if self._tracker is not None:
-            self._tracker.log(data=metrics, step=int(metrics.get("step", self.global_steps)))
+            self._tracker.log(data=with_ragen_names(metrics), step=int(metrics.get("step", self.global_steps)))
         print(progress_line(metrics), flush=True)
 
 
