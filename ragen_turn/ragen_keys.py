@@ -160,16 +160,14 @@ def _filter_value(v, given, cfg):
     return out
 
 
-def _kl_ctrl(key):
-    def apply(v, given, cfg):
-        coef = float(given.get("algorithm.kl_ctrl.kl_coef", 0.0) or 0.0)
-        if coef != 0.0:
-            _stop(f"algorithm.kl_ctrl.kl_coef={coef}", "a KL penalty in the reward is not implemented; use the KL "
-                  "loss: actor_rollout_ref.actor.use_kl_loss=true actor_rollout_ref.actor.kl_loss_coef=<coef>")
-        if key == "algorithm.kl_ctrl.type" and str(v) not in ("fixed",):
-            _stop(f"{key}={v}", "only a fixed (here: zero) in-reward KL; use actor_rollout_ref.actor.kl_loss_coef")
-        return {UNUSED: "no KL penalty in the reward (kl_coef 0)"} if key == "algorithm.kl_penalty" else {}
-    return apply
+def _kl_in_reward_type(v, given, cfg):
+    """verl's in-reward KL estimator names (k1 / k2 / k3, low-var-kl, a "+" suffix: a straight-through gradient,
+    the same value in a reward) -> ours; ``full`` (verl 0.9.1 raises NotImplementedError for it) stops."""
+    name = str(v)[:-1] if str(v).endswith("+") else str(v)
+    if name not in _KL:
+        _stop(f"algorithm.kl_penalty={v}", "our key algorithm.kl_penalty takes kl (k1), abs, mse (k2) or low_var_kl "
+              "(low-var-kl, k3); verl itself does not implement full")
+    return {"algorithm.kl_penalty": _KL[name]}
 
 
 def _same_as(key: str, ours: str):
@@ -424,8 +422,10 @@ MORE: List[Alias] = [
           _critic_model_path, outcome="unused"),
     Alias("critic.optim.betas", "(RAGEN's [0.9, 0.999] only: the critic's AdamW default)", _critic_betas,
           outcome="honoured"),
-    Alias("actor_rollout_ref.actor.use_ref", "(unused: the reference model is built when use_kl_loss=true)",
-          _unused("the reference model is built when actor_rollout_ref.actor.use_kl_loss=true"), outcome="unused"),
+    Alias("actor_rollout_ref.actor.use_ref", "(unused: the reference model is built when use_kl_loss or "
+          "algorithm.use_kl_in_reward is true)",
+          _unused("the reference model is built when actor_rollout_ref.actor.use_kl_loss=true or "
+                  "algorithm.use_kl_in_reward=true"), outcome="unused"),
     Alias("actor_rollout_ref.actor.filter_loss_scaling", "(none only)",
           _refused_unless("actor_rollout_ref.actor.filter_loss_scaling", lambda v: str(v).lower() == "none",
                           "no loss scaling by the filter's kept fraction", f"{NOT_HERE}; the loss is the mean over "
@@ -471,10 +471,6 @@ MORE: List[Alias] = [
           _refused_unless("algorithm.soft_advantage_reweight", _falsy, "off", f"{NOT_HERE}; low-variance groups are "
                           "dropped by the rollout filter: actor_rollout_ref.rollout.rollout_filter_ratio"),
           outcome="refused"),
-    Alias("algorithm.use_kl_in_reward", "(false only)",
-          _refused_unless("algorithm.use_kl_in_reward", _falsy, "no KL penalty in the reward", "a KL penalty in the "
-                          "reward is not implemented; use the KL loss: actor_rollout_ref.actor.use_kl_loss=true "
-                          "actor_rollout_ref.actor.kl_loss_coef=<coef>"), outcome="refused"),
     Alias("trainer.local_log_dir", "(unused: logs go to trainer.default_local_dir)",
           _unused("logs, metrics and checkpoints go to trainer.default_local_dir (under trainer.runs_dir)"),
           outcome="unused"),
@@ -568,11 +564,8 @@ ALIASES: List[Alias] = [
     Alias("enable_response_mask", "(true only: the loss is always on the model's own tokens)",
           _noop_if("enable_response_mask", _bool, "the loss is always on the tokens the model sampled "
                    "(response_mask); training on environment tokens is not supported"), outcome="honoured"),
-    Alias("algorithm.kl_ctrl.kl_coef", "(0 only; a KL loss: actor_rollout_ref.actor.use_kl_loss / kl_loss_coef)",
-          _kl_ctrl("algorithm.kl_ctrl.kl_coef"), outcome="refused"),
-    Alias("algorithm.kl_ctrl.type", "(fixed, with kl_coef 0)", _kl_ctrl("algorithm.kl_ctrl.type"), outcome="refused"),
-    Alias("algorithm.kl_penalty", "(in-reward KL estimator: unused with kl_coef 0)", _kl_ctrl("algorithm.kl_penalty"),
-          outcome="unused"),
+    Alias("algorithm.kl_penalty", "algorithm.kl_penalty (k1/k2/k3, low-var-kl, a '+' suffix -> ours)",
+          _kl_in_reward_type, "full stops (verl does not implement it)"),
     Alias("critic.ppo_mini_batch_size", "ppo_mini_batch_size (must be equal)",
           _same_as("critic.ppo_mini_batch_size", "ppo_mini_batch_size")),
     Alias("critic.ppo_micro_batch_size_per_gpu", "micro_batch_size_per_gpu (must be equal)",

@@ -276,8 +276,21 @@ class CriticConfig:
 
 
 @dataclass
+class KLCtrlConfig:
+    """verl's ``algorithm.kl_ctrl``: the in-reward KL coefficient (read with ``algorithm.use_kl_in_reward``)."""
+
+    type: str = key("fixed", choices=("fixed", "adaptive"))
+    kl_coef: float = key(0.001, **NON_NEGATIVE)
+    target_kl: float = key(0.1, **POSITIVE)  # adaptive only
+    horizon: int = key(10000, **COUNT)       # adaptive only
+
+
+@dataclass
 class AlgorithmConfig:
     adv_estimator: str = key(choices=_adv_estimators)
+    use_kl_in_reward: bool = key(False)  # verl's: each response token's reward loses beta x its KL to the reference
+    kl_penalty: str = key("kl", choices=("kl", "abs", "mse", "low_var_kl"))  # the in-reward KL estimator
+    kl_ctrl: KLCtrlConfig = section(KLCtrlConfig)
     gamma: float = key(**UNIT)
     lam: float = key(**UNIT)
     high_level_gamma: float = key(**UNIT)

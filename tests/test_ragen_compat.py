@@ -229,7 +229,7 @@ MAPPED = [  # RAGEN override(s) -> our key: value in the resolved config
       "actor_rollout_ref.rollout.rollout_filter_strategy": "top_p"}),
     (["actor_rollout_ref.model.path=/models/q"], {"model.path": "/models/q"}),
     (["enable_response_mask=True"], {"agent_proxy.max_turn": 2}),
-    (["algorithm.kl_ctrl.kl_coef=0.0", "algorithm.kl_ctrl.type=fixed", "algorithm.kl_penalty=kl"], {"seed": 0}),
+    (["algorithm.kl_penalty=k3"], {"algorithm.kl_penalty": "low_var_kl"}),  # verl's names for its estimators
     (["critic.ppo_mini_batch_size=2", "critic.ppo_micro_batch_size_per_gpu=2"], {"ppo_mini_batch_size": 2}),
     (["actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1"],
      {"ppo_mini_batch_size": 4, "micro_batch_size_per_gpu": 1}),
@@ -253,7 +253,7 @@ STOPPED = [  # RAGEN override(s) -> the message names our key
     (["agent_proxy.max_context_window=1"], "agent_proxy.max_context_tokens"),
     (["agent_proxy.context_window_mode=single_turn"], "agent_proxy.max_context_tokens"),
     (["enable_response_mask=False"], "response_mask"),
-    (["algorithm.kl_ctrl.kl_coef=0.001"], "actor_rollout_ref.actor.kl_loss_coef"),
+    (["algorithm.kl_penalty=full"], "algorithm.kl_penalty takes kl (k1)"),
     (["critic.ppo_mini_batch_size=1"], "set ppo_mini_batch_size"),
     (["critic.ppo_micro_batch_size_per_gpu=1"], "set micro_batch_size_per_gpu"),
     (["actor_rollout_ref.rollout.tensor_model_parallel_size=2"], "engine.verl.rollout_tp"),
@@ -369,6 +369,7 @@ def test_episode_metrics_per_tag_pass_at_k_and_effective_rate():
     assert m["val/pass@2"] == pytest.approx(2 / 3)
     assert m["val/A/success"] == pytest.approx(1 / 4) and m["val/A/pass@2"] == pytest.approx(1 / 2)
     assert m["val/B/success"] == 1.0 and m["val/B/pass@2"] == 1.0
+    assert m["val/A/actions"] == pytest.approx(5 / 4) and m["val/B/actions"] == 1.0  # RAGEN's <tag>/num_actions
     named = 7 + 4  # actions that reached the env + names dropped before it
     assert m["val/effective_action_rate"] == pytest.approx(4 / named)
     assert m["val/invalid_action_rate"] == pytest.approx((4 + 1) / named)

@@ -99,9 +99,9 @@ RAGEN_KEYS = [
     ("algorithm.zero_task_advantage", "False", "True", R),
     ("algorithm.norm_adv_by_std_in_grpo", "True", None, H),
     ("algorithm.soft_advantage_reweight", "False", "True", R),
-    ("algorithm.kl_penalty", "kl", None, U),
-    ("algorithm.kl_ctrl.type", "fixed", "adaptive", R),
-    ("algorithm.kl_ctrl.kl_coef", "0.000", "0.001", R),
+    ("algorithm.kl_penalty", "kl", "full", A),
+    ("algorithm.kl_ctrl.type", "fixed", "pid", H),
+    ("algorithm.kl_ctrl.kl_coef", "0.000", "-1", H),
     ("trainer.project_name", "ragen", None, A),
     ("trainer.experiment_name", "test", None, H),
     ("trainer.local_log_dir", "results/", None, U),
@@ -157,7 +157,7 @@ RAGEN_KEYS = [
     ("actor_rollout_ref.actor.checkpoint.save_contents", "[model,optimizer,extra]", None, U),
     ("critic.checkpoint.save_contents", "[model,optimizer,extra]", None, U),
     ("ray_kwargs.ray_init.num_cpus", "16", None, A),
-    ("algorithm.use_kl_in_reward", "False", "True", R),
+    ("algorithm.use_kl_in_reward", "False", None, H),
     ("trainer.resume_mode", "disable", "resume_path", A),
     ("trainer.resume_from_path", "null", "/ckpts/global_step_100", R),
     ("trainer.default_local_dir", "/tmp/ragen_turn_key_walk_unused", None, H),
@@ -215,7 +215,7 @@ def test_keys_that_change_nothing_stay_out_of_the_run_name():
 
     plain = compose_config([]).trainer.experiment_name
     quiet = ["lora.alpha=64", "trainer.project_name=x", "system.CUDA_VISIBLE_DEVICES=0", "seed.val=1",
-             "actor_rollout_ref.rollout.gpu_memory_utilization=0.3", "algorithm.use_kl_in_reward=False"]
+             "actor_rollout_ref.rollout.gpu_memory_utilization=0.3"]
     assert compose_config(quiet).trainer.experiment_name == plain
     assert compose_config(["algorithm.bi_level_gae=False"]).trainer.experiment_name != plain  # RAGEN's own meaning
 

@@ -9,6 +9,8 @@
   (registry by name, verl's argument order, dual clip, the clipping-bias correction in SPEC's ``mass`` and
   SORL's ``rms`` readings), ``value_loss``, ``kl_penalty``; :class:`GlobalCounts` makes micro-batch losses add
   up to the mini-batch's; ``policy_loss_spec(name)``: its unit and default aggregation.
+- :mod:`.kl_control`: the KL penalty in the reward (verl's ``use_kl_in_reward``): ``KLController`` (fixed /
+  adaptive), ``reward_kl`` (the per-token penalty and the step's KL).
 - :mod:`.registry`: the registries and the properties on their entries (``EstimatorSpec``, ``LossSpec``).
 """
 from .advantages import (
@@ -28,6 +30,7 @@ from .advantages import (
     token_gae_advantage,
     turn_gae_advantage,
 )
+from .kl_control import KL_CTRL_TYPES, KLController, kl_controller, reward_kl
 from .losses import (
     POLICY_LOSS_REGISTRY,
     GlobalCounts,

@@ -327,14 +327,19 @@ def grpo_advantage(*, turn_rewards: torch.Tensor, turn_mask: torch.Tensor, turn_
     return advantages, advantages.clone()
 
 
-@register_adv_est("token_gae", critic_level="token", bootstraps=True)
+@register_adv_est("token_gae", critic_level="token", bootstraps=True, token_rewards=True)
 @torch.no_grad()
 def token_gae_advantage(*, turn_rewards: torch.Tensor, turn_mask: torch.Tensor, turn_ids: torch.Tensor,
                         response_mask: torch.Tensor, group_ids: Optional[torch.Tensor],
                         values: Optional[torch.Tensor], config: Any,
-                        bootstrap_values: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token GAE over the response tokens, r_h on turn h's last token (:func:`compute_token_gae`)."""
-    adv, ret = compute_token_gae(place_turn_rewards(turn_rewards, turn_ids), values, response_mask,
+                        bootstrap_values: Optional[torch.Tensor] = None,
+                        token_rewards: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token GAE over the response tokens, r_h on turn h's last token (:func:`compute_token_gae`), plus
+    ``token_rewards`` ``[B, T]`` (the in-reward KL penalty) on their own tokens when given."""
+    rewards = place_turn_rewards(turn_rewards, turn_ids)
+    if token_rewards is not None:
+        rewards = rewards + token_rewards.to(rewards) * response_mask
+    adv, ret = compute_token_gae(rewards, values, response_mask,
                                  float(cfg_get(config, "gamma", 1.0)), float(cfg_get(config, "lam", 1.0)),
                                  last_values=bootstrap_values)
     return (masked_whiten(adv, response_mask) if cfg_get(config, "norm_adv", True) else adv), ret

@@ -436,11 +436,12 @@ def _turn_share_sum(tok_flag: torch.Tensor, units: LossUnits) -> float:
 
 
 def _ratio_metrics(log_ratio: torch.Tensor, mask: torch.Tensor, n_tokens: float) -> Dict[str, float]:
-    """``actor/approx_kl``: the k3 estimate of KL(old || new) per response token; ``actor/ratio_mean``.
-    Sums over this batch's tokens divided by ``n_tokens``."""
+    """``actor/approx_kl``: the k3 estimate of KL(old || new) per response token; ``actor/ppo_kl``: verl's (k1,
+    the mean of old - new log-prob); ``actor/ratio_mean``. Sums over this batch's tokens divided by ``n_tokens``."""
     d = log_ratio.detach().double().clamp(-20, 20)
     k3 = torch.exp(d) - 1 - d  # E_old[r - 1 - log r] with r = new/old
     return {"actor/approx_kl": float((k3 * mask).sum()) / n_tokens,
+            "actor/ppo_kl": float((-d * mask).sum()) / n_tokens,
             "actor/ratio_mean": float((torch.exp(d) * mask).sum()) / n_tokens}
 
 

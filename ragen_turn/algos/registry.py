@@ -30,11 +30,14 @@ class EstimatorSpec:
     ``critic_level``: ``none`` (no critic is built; e.g. GRPO's group baseline), ``token`` (V before every
     response token, trained on every response token) or ``turn`` (V(s_h), read and trained at each turn's
     first token). ``bootstraps``: it accepts ``bootstrap_values`` (``algorithm.bootstrap_truncated``).
-    ``min_group_size``: the fewest rollouts per env group it can use (2 for a group-mean baseline)."""
+    ``min_group_size``: the fewest rollouts per env group it can use (2 for a group-mean baseline).
+    ``token_rewards``: it takes per-token rewards (``token_rewards=[B, T]``, added to the turn rewards on their
+    tokens: the in-reward KL penalty); otherwise a per-token reward is summed into its turn's reward."""
 
     critic_level: str
     bootstraps: bool
     min_group_size: int = 1
+    token_rewards: bool = False
 
     def __post_init__(self):
         if self.critic_level not in CRITIC_LEVELS:

@@ -8,12 +8,13 @@ turn critic) and the advantage statistics exist once.
 """
 from __future__ import annotations
 
-from typing import Any, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 from omegaconf import OmegaConf
 
-from ragen_turn.algos import (adv_estimator_spec, explained_variance, get_adv_estimator_fn, num_turns,
+from ragen_turn.algos import (KLController, adv_estimator_spec, explained_variance, get_adv_estimator_fn, num_turns,
+                              reward_kl,
                               turn_start_values, turn_sums, turn_token_counts)
 from ragen_turn.rollout import Trajectory
 
@@ -67,20 +68,69 @@ def group_return_affine(R: torch.Tensor, groups: torch.Tensor, method: str,
     return mean.float(), scale.float()
 
 
-def compute_advantages(batch: Trajectory, cfg: Any) -> None:
+def reward_kl_penalty(batch: Trajectory, cfg: Any, ctrl: Optional[KLController]
+                      ) -> Tuple[Optional[torch.Tensor], Dict[str, float]]:
+    """verl's ``apply_kl_penalty`` for both engines (``algorithm.use_kl_in_reward``): the per-token reward
+    ``-beta * kl_t`` ``[B, T]`` (``kl_t``: ``algorithm.kl_penalty`` of ``batch.old_logp`` against
+    ``batch.ref_logp`` on the response tokens; ``beta``: ``ctrl.value`` before this step's update), and verl's
+    metrics ``actor/reward_kl_penalty`` (the step's KL: mean over rows of each row's token mean) and
+    ``actor/reward_kl_penalty_coeff`` (beta). The controller is then updated with that KL and the number of rows.
+    ``(None, {})`` when ``ctrl`` is None (the penalty is off)."""
+    if ctrl is None:
+        return None, {}
+    if batch.old_logp is None or batch.ref_logp is None:
+        raise ValueError("algorithm.use_kl_in_reward=true needs the old and the reference log-probs of the batch")
+    kld, current = reward_kl(batch.old_logp, batch.ref_logp, batch.response_mask,
+                             str(cfg.algorithm.get("kl_penalty", "kl")))
+    beta = float(ctrl.value)
+    ctrl.update(current, batch.batch_size)
+    return -beta * kld, {"actor/reward_kl_penalty": current, "actor/reward_kl_penalty_coeff": beta}
+
+
+def compute_advantages(batch: Trajectory, cfg: Any, token_rewards: Optional[torch.Tensor] = None) -> None:
     """The advantage step of every trainer: ``algorithm.adv_estimator`` from the registry on the
     normalised turn rewards; sets ``batch.advantages`` ``[B, T]`` and the returns in the layout of the
     estimator's critic: ``batch.returns`` ``[B, T]``, or ``batch.turn_returns`` ``[B, H]`` (turn GAE's
-    return_h, as it gives them) for a turn critic."""
+    return_h, as it gives them) for a turn critic.
+
+    ``token_rewards`` ``[B, T]`` (the in-reward KL penalty, :func:`reward_kl_penalty`), added after the
+    normalisation as verl adds it to the token-level scores: an estimator whose registry entry takes per-token
+    rewards (``token_rewards``: token GAE) gets it on its tokens; for the others each turn's tokens are summed
+    into that turn's reward (GRPO sums the turns: the episode's score minus beta x its summed KL, as verl's
+    GRPO; turn GAE: per turn; bi-level GAE: per turn, docs/SPEC.md)."""
     name = cfg.algorithm.adv_estimator
+    turn_rewards, extra = normalized_turn_rewards(batch, cfg), {}
+    if token_rewards is not None:
+        if adv_estimator_spec(name).token_rewards:
+            extra["token_rewards"] = token_rewards
+        else:
+            H = turn_rewards.shape[1]
+            turn_rewards = turn_rewards + turn_sums(token_rewards.to(turn_rewards) * batch.response_mask,
+                                                    batch.turn_ids, H) * batch.turn_mask
     batch.advantages, returns = get_adv_estimator_fn(name)(
-        turn_rewards=normalized_turn_rewards(batch, cfg), turn_mask=batch.turn_mask, turn_ids=batch.turn_ids,
+        turn_rewards=turn_rewards, turn_mask=batch.turn_mask, turn_ids=batch.turn_ids,
         response_mask=batch.response_mask, group_ids=batch.group_ids, values=batch.values, config=cfg.algorithm,
-        bootstrap_values=batch.bootstrap_values)
+        bootstrap_values=batch.bootstrap_values, **extra)
     if adv_estimator_spec(name).critic_level == "turn":
         batch.returns, batch.turn_returns = None, returns
     else:
         batch.returns, batch.turn_returns = returns, None
+
+
+def score_metrics(batch: Trajectory, cfg: Any, token_rewards: Optional[torch.Tensor] = None) -> Dict[str, float]:
+    """verl's ``critic/score/*``, ``critic/rewards/*`` and ``critic/advantages/*`` (mean, max, min; RAGEN logs them
+    through verl's ``compute_data_metrics``) for the local engine (the verl engine logs verl's own): a row's score is
+    its normalised reward sum (RAGEN's token-level scores), its reward that plus the in-reward KL penalty
+    ``token_rewards`` ``[B, T]``; advantages over the response tokens. After :func:`compute_advantages`."""
+    score = normalized_turn_rewards(batch, cfg).sum(dim=1).float()
+    rewards = score if token_rewards is None else score + (token_rewards * batch.response_mask).sum(dim=1)
+    out: Dict[str, float] = {}
+    for name, x in (("score", score), ("rewards", rewards),
+                    ("advantages", batch.advantages[batch.response_mask.bool()].float())):
+        if x.numel():
+            out.update({f"critic/{name}/mean": float(x.mean()), f"critic/{name}/max": float(x.max()),
+                        f"critic/{name}/min": float(x.min())})
+    return out
 
 
 def critic_targets(batch: Trajectory, level: str) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

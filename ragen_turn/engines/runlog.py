@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
@@ -26,8 +27,8 @@ def episode_metrics(batch: Trajectory, prefix: str = "env") -> Dict[str, float]:
 
     ``invalid_action_rate``: of the actions the model named, those dropped (not the env's) or that the env
     called invalid; ``effective_action_rate``: of the actions named, those that changed the env's state.
-    ``<tag>/success`` per env tag; ``pass@<G>`` (overall and per tag): the share of env groups (G episodes
-    on one seed) with at least one success.
+    ``<tag>/success`` and ``<tag>/actions`` per env tag; ``pass@<G>`` (overall and per tag): the share of env groups
+    (G episodes on one seed) with at least one success.
     """
     eps = batch.episodes
     named = sum(e.num_actions + e.num_dropped_actions for e in eps)
@@ -55,7 +56,78 @@ def episode_metrics(batch: Trajectory, prefix: str = "env") -> Dict[str, float]:
     for tag in sorted({e.tag for e in eps}):
         mine = [g for g in groups.values() if g[0].tag == tag]
         out[f"{prefix}/{tag}/success"] = float(np.mean([e.success for g in mine for e in g]))
+        out[f"{prefix}/{tag}/actions"] = float(np.mean([e.num_actions for g in mine for e in g]))
         out[f"{prefix}/{tag}/pass@{size}"] = float(np.mean([any(e.success for e in g) for g in mine]))
+    return out
+
+
+# RAGEN's metric names (RAGEN's es_manager / ctx_manager, its trainer and the verl functions it calls: actor and
+# critic losses, compute_data_metrics, compute_timing_metrics) -> ours, for the numbers we compute with RAGEN's
+# meaning. ``<tag>`` is an env tag, ``<G>`` the group size. An entry whose two names are equal is a number we log
+# under RAGEN's (verl's) own name. docs/ragen_keys.md ("RAGEN's metric names") shows this table (a test checks it).
+RAGEN_METRICS: Dict[str, str] = {
+    "train/<tag>/success": "env/<tag>/success",
+    "train/<tag>/pass@<G>": "env/<tag>/pass@<G>",
+    "train/<tag>/num_actions": "env/<tag>/actions",
+    "train/response_length": "env/response_tokens",
+    "val-env/<tag>/success": "val/<tag>/success",
+    "val-env/<tag>/pass@<G>": "val/<tag>/pass@<G>",
+    "val-env/<tag>/num_actions": "val/<tag>/actions",
+    "val-env/response_length": "val/response_tokens",
+    "actor/pg_clipfrac": "actor/clip_frac_token",
+    "actor/pg_clipfrac_lower": "actor/dual_clip_frac",
+    "critic/vf_loss": "critic/value_loss",
+    "timing_s/step": "perf/step_s",
+    "timing_s/gen": "perf/rollout_s",
+    "timing_s/testing": "perf/val_s",
+    "actor/ppo_kl": "actor/ppo_kl",
+    "actor/pg_loss": "actor/pg_loss",
+    "actor/entropy": "actor/entropy",
+    "actor/kl_loss": "actor/kl_loss",
+    "actor/grad_norm": "actor/grad_norm",
+    "actor/lr": "actor/lr",
+    "actor/reward_kl_penalty": "actor/reward_kl_penalty",
+    "actor/reward_kl_penalty_coeff": "actor/reward_kl_penalty_coeff",
+    "critic/vf_clipfrac": "critic/vf_clipfrac",
+    "critic/grad_norm": "critic/grad_norm",
+    "critic/lr": "critic/lr",
+    "critic/score/mean": "critic/score/mean",
+    "critic/score/max": "critic/score/max",
+    "critic/score/min": "critic/score/min",
+    "critic/rewards/mean": "critic/rewards/mean",
+    "critic/rewards/max": "critic/rewards/max",
+    "critic/rewards/min": "critic/rewards/min",
+    "critic/advantages/mean": "critic/advantages/mean",
+    "critic/advantages/max": "critic/advantages/max",
+    "critic/advantages/min": "critic/advantages/min",
+    "rollout/in_group_std": "rollout/in_group_std",
+    "rollout/in_group_max": "rollout/in_group_max",
+    "rollout/in_group_mean": "rollout/in_group_mean",
+    "rollout/chosen_in_group_std": "rollout/chosen_in_group_std",
+    "rollout/chosen_in_group_max": "rollout/chosen_in_group_max",
+    "rollout/chosen_in_group_mean": "rollout/chosen_in_group_mean",
+}
+
+
+def _pattern(name: str) -> "re.Pattern[str]":
+    """A table name as a regex: ``<tag>`` one path part, ``<G>`` a number."""
+    return re.compile(re.escape(name).replace(re.escape("<tag>"), r"(?P<tag>[^/]+)")
+                      .replace(re.escape("<G>"), r"(?P<G>\d+)") + "$")
+
+
+_RENAMES = [(_pattern(ours), ragen) for ragen, ours in RAGEN_METRICS.items() if ragen != ours]
+
+
+def with_ragen_names(metrics: Mapping[str, Any]) -> Dict[str, Any]:
+    """``metrics`` plus a copy of each of our numbers under RAGEN's name (:data:`RAGEN_METRICS`), for wandb: a
+    RAGEN user's panels fill. A RAGEN name the engine already logs (verl's own ``critic/vf_loss``, ...) is kept."""
+    out = dict(metrics)
+    for key, value in metrics.items():
+        for pat, ragen in _RENAMES:
+            m = pat.match(key)
+            if m:
+                g = m.groupdict()
+                out.setdefault(ragen.replace("<tag>", g.get("tag") or "").replace("<G>", g.get("G") or ""), value)
     return out
 
 

@@ -34,6 +34,7 @@ from ragen_turn.algos import (
     GlobalCounts,
     explained_variance,
     get_policy_loss_fn,
+    kl_controller,
     kl_penalty,
     masked_mean,
     minibatch_clip_stats,
@@ -45,7 +46,7 @@ from ragen_turn.config import model_config, policy_loss_config, validate_config
 from ragen_turn.engines import checkpoints as ckpt
 from ragen_turn.config import FilterSpec
 from ragen_turn.engines.advantages import (advantage_metrics, compute_advantages, critic_targets, critic_values,
-                                          heldout_critic_explained_var)
+                                           heldout_critic_explained_var, reward_kl_penalty, score_metrics)
 from ragen_turn.engines.rollout_filter import filter_rows
 from ragen_turn.engines.trace import TRACE_FILE, EpisodeTracer, trace_rows
 from ragen_turn.engines.rundir import (
@@ -61,6 +62,7 @@ from ragen_turn.engines.rundir import (
 from ragen_turn.engines.runlog import (
     GENERATIONS_FILE,
     append_metrics,
+    with_ragen_names,
     episode_metrics,
     progress_line,
     record_provenance,
@@ -147,7 +149,8 @@ class StarPOTrainer:
         # LoRA (actor_rollout_ref.model.lora_rank > 0): after the critic's copy, which stays fully fine-tuned
         self.lora = lora_of(self.actor, cfg.actor_rollout_ref.get("model"))
         self.ref = None
-        if cfg.actor_rollout_ref.actor.use_kl_loss:  # with LoRA: the actor with its adapter off (no copy; score)
+        self.kl_ctrl = kl_controller(cfg.algorithm)  # the in-reward KL's coefficient (None: off)
+        if cfg.actor_rollout_ref.actor.use_kl_loss or self.kl_ctrl is not None:  # LoRA: the adapter off (no copy)
             self.ref = self.actor if self.lora else copy.deepcopy(self.actor).eval().requires_grad_(False)
         if cfg.engine.get("gradient_checkpointing", False):  # recompute each layer in backward: memory for time
             for m in (self.actor, None if self.shared_critic else self.critic):
@@ -255,9 +258,14 @@ class StarPOTrainer:
                 truncated = torch.tensor([float(e.truncated) for e in batch.episodes])
                 batch.bootstrap_values = after.gather(1, last[:, None]).squeeze(1) * truncated
 
-    def compute_advantages(self, batch: Trajectory) -> None:
-        """Advantages and returns ``[B, T]`` of ``algorithm.adv_estimator`` (the registry's, as on verl)."""
-        compute_advantages(batch, self.cfg)
+    def compute_advantages(self, batch: Trajectory) -> Dict[str, float]:
+        """Advantages and returns ``[B, T]`` of ``algorithm.adv_estimator`` (the registry's, as on verl), with the
+        in-reward KL penalty when ``algorithm.use_kl_in_reward`` (its ``actor/reward_kl_penalty*`` metrics), and
+        verl's ``critic/score|rewards|advantages/*``."""
+        penalty, metrics = reward_kl_penalty(batch, self.cfg, self.kl_ctrl)
+        compute_advantages(batch, self.cfg, penalty)
+        metrics.update(score_metrics(batch, self.cfg, penalty))
+        return metrics
 
     # -------------------------------------------------------------------------------- critic
     def value_targets(self, batch: Trajectory):
@@ -448,7 +456,7 @@ class StarPOTrainer:
         metrics["actor/entropy"] = float(entropy.detach())
         if a.entropy_coeff:
             loss = loss - a.entropy_coeff * entropy
-        if self.ref is not None:
+        if a.use_kl_loss:
             kl = masked_mean(kl_penalty(logp, mb.ref_logp, a.kl_loss_type), mask, n_tokens)
             metrics["actor/kl_loss"] = float(kl.detach())
             loss = loss + a.kl_loss_coef * kl
@@ -620,7 +628,7 @@ class StarPOTrainer:
             return self._empty_step(metrics, t0, t_roll)
         self.empty_filtered_steps = 0
         self.score(batch)
-        self.compute_advantages(batch)
+        metrics.update(self.compute_advantages(batch))
         if self.critic is not None:
             metrics["critic/explained_var"] = explained_variance(*self.value_targets(batch))
         if self.tracer is not None:
@@ -764,7 +772,7 @@ class StarPOTrainer:
             os.environ.setdefault("WANDB_MODE", self.cfg.wandb.mode)
             self.wandb = wandb.init(project=self.cfg.wandb.project, name=self.cfg.trainer.experiment_name,
                                     dir=str(self.out_dir), config=OmegaConf.to_container(self.cfg, resolve=True))
-        self.wandb.log(metrics, step=int(metrics.get("step", self.step)))
+        self.wandb.log(with_ragen_names(metrics), step=int(metrics.get("step", self.step)))  # ours and RAGEN's
 
     # -------------------------------------------------------------------------------- checkpoints
     def checkpoint_note(self) -> str:
@@ -792,6 +800,7 @@ class StarPOTrainer:
                 self.tokenizer.save_pretrained(tmp / "actor")
                 crash_point("tokenizer written")
             state = {"format": TRAINER_STATE_FORMAT, "step": self.step, "nonfinite_in_a_row": self.nonfinite_in_a_row,
+                     "kl_ctrl": None if self.kl_ctrl is None else float(self.kl_ctrl.value),
                      "actor_optim": self.actor_optim.state_dict(), "rng": rng_states()}
             with writing(tmp / "critic"):
                 if self.shared_critic:
@@ -881,6 +890,8 @@ class StarPOTrainer:
             self._load_optimizer(self.critic_optim, state["critic_optim"], "critic")
         self.step = int(state["step"])
         self.nonfinite_in_a_row = int(state["nonfinite_in_a_row"])
+        if self.kl_ctrl is not None and state.get("kl_ctrl") is not None:  # the adaptive coefficient goes on
+            self.kl_ctrl.value = float(state["kl_ctrl"])
         restore_rng_states(state["rng"])
 
 

@@ -417,7 +417,12 @@ def to_verl_config(cfg: DictConfig, model_path: Optional[str] = None,
             "gamma": float(cfg.algorithm.gamma),
             "lam": float(cfg.algorithm.lam),
             "norm_adv_by_std_in_grpo": bool(cfg.algorithm.norm_adv_by_std_in_grpo),
-            "use_kl_in_reward": False,
+            # the in-reward KL: verl builds the reference worker for it (need_reference_policy); our trainer
+            # applies it (engines/advantages.reward_kl_penalty, both engines), not verl's apply_kl_penalty
+            "use_kl_in_reward": bool(cfg.algorithm.get("use_kl_in_reward", False)),
+            "kl_penalty": str(cfg.algorithm.get("kl_penalty", "kl")),
+            "kl_ctrl": {k: cfg.algorithm.kl_ctrl[k] for k in ("type", "kl_coef", "target_kl", "horizon")}
+            if "kl_ctrl" in cfg.algorithm else {},
         },
         "trainer": {
             "use_v1": False,

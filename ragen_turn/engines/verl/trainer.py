@@ -43,19 +43,19 @@ from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 from verl.utils.debug import marked_timer
 from verl.utils.metric import reduce_metrics
 
-from ragen_turn.algos import (check_turn_ids, place_turn_rewards, scatter_turns, turn_boundaries,
+from ragen_turn.algos import (check_turn_ids, kl_controller, place_turn_rewards, scatter_turns, turn_boundaries,
                               turn_mask_from_ids)
 from ragen_turn.config import FilterSpec, policy_loss_config
 from ragen_turn.engines import checkpoints as ckpt
 from ragen_turn.engines.advantages import (advantage_metrics, compute_advantages, critic_targets,
-                                          heldout_critic_explained_var, normalized_turn_rewards)
+                                           heldout_critic_explained_var, normalized_turn_rewards, reward_kl_penalty)
 from ragen_turn.engines.rollout_filter import filter_rows, pad_rows
 from ragen_turn.engines.rundir import crash_point, identity_of, record_config, run_complete, writing
 from ragen_turn.engines.trace import TRACE_FILE, EpisodeTracer, trace_rows
 from ragen_turn.runtime import derived_seed
 from ragen_turn.engines.runlog import (
     GENERATIONS_FILE, append_metrics, episode_metrics, progress_line, record_provenance, run_header, truncate_metrics,
-    write_generations,
+    with_ragen_names, write_generations,
 )
 from ragen_turn.rollout import EnvSlot, Trajectory
 from ragen_turn.rollout.env_manager import EnvGroupManager
@@ -237,6 +237,7 @@ class StarPOTrainer(RayPPOTrainer):
         self.metrics_path = self.out_dir / "metrics.jsonl"
         self.tracer = EpisodeTracer(self.rcfg, self.out_dir / TRACE_FILE, "verl", tokenizer,
                                     policy_loss_config(self.rcfg)) if self.rcfg.trainer.trace_episodes else None
+        self.reward_kl_ctrl = kl_controller(self.rcfg.algorithm)  # ours, shared with the local engine (None: off)
 
     def _create_dataloader(self, train_dataset, val_dataset, collate_fn, train_sampler):
         total = int(self.config.trainer.total_training_steps)
@@ -282,8 +283,13 @@ class StarPOTrainer(RayPPOTrainer):
         return metrics
 
     # ---------------------------------------------------------------------------------- one step
-    def compute_advantages(self, batch: DataProto, traj: Trajectory) -> None:
-        compute_advantages(traj, self.rcfg)
+    def compute_advantages(self, batch: DataProto, traj: Trajectory) -> Dict[str, float]:
+        """Our advantage step (both engines'), with the in-reward KL penalty when on (returns its metrics);
+        verl's ``token_level_scores`` / ``token_level_rewards`` (scores minus the penalty) for its data metrics."""
+        if self.reward_kl_ctrl is not None:
+            traj.old_logp, traj.ref_logp = batch.batch["old_log_probs"], batch.batch["ref_log_prob"]
+        penalty, kl_metrics = reward_kl_penalty(traj, self.rcfg, self.reward_kl_ctrl)
+        compute_advantages(traj, self.rcfg, penalty)
         mask = batch.batch["response_mask"].float()
         batch.batch["advantages"] = traj.advantages.float() * mask
         # verl's critic/returns/* metrics read token returns: a turn critic's return_h on each token of turn h
@@ -292,7 +298,8 @@ class StarPOTrainer(RayPPOTrainer):
         batch.batch["returns"] = returns.float() * mask
         rewards = place_turn_rewards(normalized_turn_rewards(traj, self.rcfg), traj.turn_ids)
         batch.batch["token_level_scores"] = rewards
-        batch.batch["token_level_rewards"] = rewards
+        batch.batch["token_level_rewards"] = rewards if penalty is None else rewards + penalty.to(rewards)
+        return kl_metrics
 
     def score(self, batch: DataProto, metrics: Dict[str, float], timing: Dict[str, float]) -> DataProto:
         """Old log-probs (actor worker), reference log-probs (KL on) and critic values (critic worker)."""
@@ -376,7 +383,7 @@ class StarPOTrainer(RayPPOTrainer):
 
             with marked_timer("adv", timing):
                 traj = to_trajectory(batch)  # after filtering / balancing: same rows as the batch
-                self.compute_advantages(batch, traj)
+                metrics.update(self.compute_advantages(batch, traj))
                 adv = batch.batch["advantages"][batch.batch["response_mask"].bool()]
                 metrics.update(advantage_metrics(batch.batch["advantages"], batch.batch["response_mask"],
                                                  traj.turn_ids, self.rcfg.actor_rollout_ref.rollout.response_length))
@@ -564,7 +571,7 @@ class StarPOTrainer(RayPPOTrainer):
     def _log(self, metrics: Dict[str, Any]) -> None:
         append_metrics(self.metrics_path, metrics)
         if self._tracker is not None:
-            self._tracker.log(data=metrics, step=int(metrics.get("step", self.global_steps)))
+            self._tracker.log(data=with_ragen_names(metrics), step=int(metrics.get("step", self.global_steps)))
         print(progress_line(metrics), flush=True)
 
 
