@@ -188,6 +188,7 @@ class RolloutConfig:
     micro_batch_size: int = key(**NON_NEGATIVE)  # 0 = the whole env batch
     prefix_cache: bool = key()
     decode: str = key("dynamic", choices=("dynamic", "static", "compiled"))  # decode cache: local and verl's hf rollout
+    lean_forward: bool = key(True)  # local sampler: its own forward of Qwen2/Llama models (models/lean.py)
 
 
 @dataclass

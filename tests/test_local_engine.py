@@ -717,6 +717,86 @@ def test_static_decode_logits_match_the_dynamic_cache():
     assert torch.allclose(seen["dynamic"][1], seen["static"][1], atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("cached,micro,arch", [(True, 0, "qwen2"), (False, 4, "qwen2"), (True, 4, "llama")])
+def test_lean_forward_samples_what_the_model_forward_samples(cached, micro, arch):
+    """The lean sampler (models/lean.py on one key/value buffer, stopped rows compacted out, stops found on token
+    ids) gives token-identical multi-turn episodes to the model's own forward for one seed, and every step's
+    logits within 1e-5: rows of different prompt lengths stopping at different steps, with and without the prefix
+    cache, in chunks; a model with 2 query heads per key/value head."""
+    from ragen_turn.engines.local.sampler import LocalSampler
+    from ragen_turn.rollout import ChatFormatter, context_config, run_episodes
+
+    cfg = micro_config(["agent_proxy.max_turn=3", "actor_rollout_ref.rollout.response_length=10",
+                        "es_manager.train.env_groups=4", "es_manager.train.group_size=2", f"model.arch={arch}",
+                        "model.num_attention_heads=4", "model.num_key_value_heads=2"])
+    tr = build_trainer(cfg, log=_quiet)
+    torch.manual_seed(0)
+    with torch.no_grad():  # a likelier end-of-message token: turns end at different steps
+        tr.actor.get_input_embeddings().weight[tr.tokenizer.eos_token_id] *= 50.0
+    runs, logits = {}, {}
+    for lean in (False, True):
+        sampler = LocalSampler(tr.actor, tr.tokenizer, temperature=1.0, micro_batch_size=micro, lean=lean,
+                               generator=torch.Generator().manual_seed(5), prefix_cache=cached, device=tr.device)
+        assert (sampler._lean is not None) == lean
+        seen, sample = logits.setdefault(lean, []), sampler._sample
+        sampler._sample = lambda x, sample=sample, seen=seen: (seen.append(x.clone()), sample(x))[1]
+        runs[lean] = (run_episodes(tr.train_envs.assign_seeds(0, 0), sampler, ChatFormatter(tr.tokenizer),
+                                   context_config(cfg)), sampler.cached_tokens_reused)
+    old, new = runs[False][0], runs[True][0]
+    assert [e.token_ids for e in old] == [e.token_ids for e in new]
+    assert [e.response_mask for e in old] == [e.response_mask for e in new]
+    assert max(e.num_turns for e in old) > 1
+    assert len({sum(e.response_mask) for e in old}) > 1  # rows sampled different numbers of tokens
+    assert runs[False][1] == runs[True][1] and (runs[True][1] > 0) == cached
+    assert len(logits[False]) >= len(logits[True]) > 10  # the old path also steps after the last row stopped
+    for a, b in zip(logits[False], logits[True]):
+        live = b.abs().sum(-1) > 0  # rows compacted out of the lean batch sample from zeros (their draw is unused)
+        assert live.any() and torch.allclose(a[live], b[live], atol=1e-5, rtol=0), (a[live] - b[live]).abs().max()
+
+
+def test_lean_forward_matches_the_model_on_a_left_padded_prefill_and_decode():
+    """LeanLM's logits equal the model's forward (left-padded prompts, then decode steps at the next positions)
+    to float rounding, and the lean path is taken only for models it computes exactly."""
+    from ragen_turn.models.lean import LeanLM, lean_supported
+
+    tr = build_trainer(micro_config(["model.num_attention_heads=4", "model.num_key_value_heads=2"]), log=_quiet)
+    model = tr.actor
+    lean = LeanLM(model)
+    torch.manual_seed(2)
+    V = len(tr.tokenizer)
+    lens = [9, 4, 1]
+    B, N = len(lens), max(lens)
+    ids = torch.zeros(B, N, dtype=torch.long)
+    am = torch.zeros(B, N, dtype=torch.long)
+    for b, n in enumerate(lens):
+        ids[b, N - n:] = torch.randint(3, V, (n,))
+        am[b, N - n:] = 1
+    pos = (am.cumsum(1) - 1).clamp(min=0)
+    buf = lean.new_buffer(B, N + 3)
+    for k, v in zip(buf.keys, buf.values):
+        k.zero_(), v.zero_()
+    cols = torch.arange(N)
+    mask = (am.bool()[:, None, :] & (cols[None, None] <= cols[None, :, None])) | torch.eye(N, dtype=torch.bool)[None]
+    with torch.no_grad():
+        got = lean.forward(ids, pos, buf, 0, mask[:, None])
+        ref = model(input_ids=ids, attention_mask=am, position_ids=pos).logits[:, -1]
+        assert torch.allclose(got, ref, atol=1e-5, rtol=0), (got - ref).abs().max()
+        full_ids, full_am = ids, am
+        for step in range(3):  # decode: one token a step at slot N + step
+            nxt = torch.randint(3, V, (B, 1))
+            full_ids = torch.cat([full_ids, nxt], 1)
+            full_am = torch.cat([full_am, torch.ones(B, 1, dtype=torch.long)], 1)
+            p = (full_am.cumsum(1) - 1)[:, -1:]
+            got = lean.forward(nxt, p, buf, N + step, full_am.bool()[:, None, None, :])
+            ref = model(input_ids=full_ids, attention_mask=full_am,
+                        position_ids=(full_am.cumsum(1) - 1).clamp(min=0)).logits[:, -1]
+            assert torch.allclose(got, ref, atol=1e-5, rtol=0), (step, (got - ref).abs().max())
+    assert lean_supported(model)
+    model.config.use_sliding_window = True
+    assert not lean_supported(model)  # sliding windows: the model's own forward
+    model.config.use_sliding_window = False
+
+
 def test_prefix_cache_logits_match_a_full_prefill():
     from ragen_turn.engines.local.sampler import LocalSampler
 

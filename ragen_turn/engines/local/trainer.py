@@ -85,7 +85,8 @@ def evaluate_policy(model, tokenizer, cfg: DictConfig, envs: EnvGroupManager, de
     r = cfg.actor_rollout_ref.rollout
     sampler = LocalSampler(model, tokenizer, temperature=r.val_temperature, top_p=1.0 if r.val_temperature else r.top_p,
                            device=device, generator=torch.Generator().manual_seed(int(cfg.seed)),
-                           micro_batch_size=r.micro_batch_size, prefix_cache=r.prefix_cache, decode=r.decode)
+                           micro_batch_size=r.micro_batch_size, prefix_cache=r.prefix_cache, decode=r.decode,
+                           lean=r.lean_forward)
     episodes = run_episodes(envs.assign_seeds(cfg.seed, 0), sampler, ChatFormatter(tokenizer), context_config(cfg),
                             log=log)
     batch = Trajectory.from_episodes(episodes, tokenizer.pad_token_id)
@@ -164,7 +165,7 @@ class StarPOTrainer:
         self.gen = torch.Generator(device="cpu")
         self.sampler = LocalSampler(self.actor, self.tokenizer, temperature=r.temperature, top_p=r.top_p,
                                     device=self.device, generator=self.gen, micro_batch_size=r.micro_batch_size,
-                                    prefix_cache=r.prefix_cache, decode=r.decode)
+                                    prefix_cache=r.prefix_cache, decode=r.decode, lean=r.lean_forward)
         self.loss_fn = get_policy_loss_fn(a.policy_loss.loss_mode)
         self.loss_cfg = policy_loss_config(cfg)
         self.step = 0
