@@ -19,9 +19,11 @@ new step 1, old step 2, ...), so that both see the same load. Per phase it print
   (``x[M, H] @ W.T`` for every weight of the model, M = the phase's rows), and the bytes at the copy bandwidth
   measured here; ``of bound`` = bound / time (1.0 = at the bound).
 
-``--profile`` adds the top operations of each phase (``torch.profiler``, self CPU time) of one more new step. The
-samples of old and new are compared (identical tokens per row) and so are the steps' metrics. Timings on a shared
-machine are noisy: read the ratios (interleaved), and the load printed at the start and the end.
+The new trainer's sampler also keeps its log-probs (``rollout.sampler_logprobs`` would use them as the old
+log-probs); their gap to the scoring forward's is printed. ``--profile`` adds the top operations of each phase
+(``torch.profiler``, self CPU time) of one more new step. The samples of old and new are compared (identical tokens
+per row) and so are the steps' metrics (their largest relative gap). Timings on a shared machine are noisy: read the
+ratios (interleaved), and the load printed at the start and the end.
 """
 from __future__ import annotations
 
@@ -42,7 +44,7 @@ NAMES = {"rollout": "rollout", "filter_groups": "filter", "score": "score", "com
          "sound_update": "update"}
 JOBS = {"default": [], "long_turns": ["+setting=long_turns", "model.pinned_cache=assets/long_turns"],
         "long_horizon": ["+setting=long_horizon", "model.pinned_cache=assets/long_horizon"]}
-OLD = ["actor_rollout_ref.rollout.lean_forward=false"]  # the step as it was at 872d077
+OLD = ["actor_rollout_ref.rollout.lean_forward=false", "engine.causal_attention=false"]  # the step at 872d077
 
 
 def load() -> str:
@@ -178,15 +180,22 @@ def build(job: str, groups: int | None, extra: List[str], old: bool):
     return build_trainer(compose_config(over), log=lambda *_: None)
 
 
-def same_metrics(a: Dict[str, float], b: Dict[str, float]) -> bool:
-    keys = [k for k in a if not k.startswith("perf/")]
-    return all(a[k] == b.get(k) or (a[k] != a[k] and b.get(k) != b.get(k)) for k in keys)
+def metrics_gap(a: Dict[str, float], b: Dict[str, float]) -> float:
+    """The largest relative difference between two steps' metrics (``perf/*`` aside; inf for a missing key)."""
+    gap = 0.0
+    for k, x in a.items():
+        y = b.get(k)
+        if k.startswith("perf/") or (x != x and y != y) or x == y:
+            continue
+        gap = max(gap, float("inf") if y is None else abs(x - y) / max(abs(x), abs(y), 1e-12))
+    return gap
 
 
 def run_job(job: str, a) -> None:
     print(f"\n=== job {job}: {' '.join(JOBS[job]) or '(the default)'}"
           f"{f', env_groups={a.groups}' if a.groups else ''}; {load()}", flush=True)
     trainers = {"old": build(job, a.groups, a.set, True), "new": build(job, a.groups, a.set, False)}
+    trainers["new"].sampler.record_logprobs = True  # kept beside the recomputed ones: their gap is printed
     timers = {k: PhaseTimer(tr) for k, tr in trainers.items()}
     times: Dict[str, List[Dict[str, float]]] = {"old": [], "new": []}
     same_tokens, same_m = [], []
@@ -200,7 +209,7 @@ def run_job(job: str, a) -> None:
             tr.rollout = rollout
         same_tokens.append([e.token_ids for e in batches["old"].episodes]
                            == [e.token_ids for e in batches["new"].episodes])
-        same_m.append(same_metrics(timers["old"].last_metrics, timers["new"].last_metrics))
+        same_m.append(metrics_gap(timers["old"].last_metrics, timers["new"].last_metrics))
     batch = batches["new"]
     lengths = [len(e.token_ids) for e in batch.episodes]
     responses = int(batch.response_mask.sum())
@@ -213,7 +222,13 @@ def run_job(job: str, a) -> None:
     bw = copy_bandwidth()
     print(f"batch: {len(lengths)} episodes, {sum(lengths)} tokens (mean {statistics.mean(lengths):.0f}, max "
           f"{max(lengths)}), {responses} sampled; torch threads {torch.get_num_threads()}; "
-          f"samples old == new: {all(same_tokens)}; step metrics old == new (perf/* aside): {all(same_m)}")
+          f"samples old == new: {all(same_tokens)}; step metrics' largest relative gap old vs new (perf/* aside): "
+          f"{max(same_m):.2g}")
+    if batch.sampled_logp is not None and batch.old_logp is not None:
+        m = batch.response_mask.bool()
+        gap = (batch.sampled_logp[m] - batch.old_logp[m]).abs()
+        print(f"the sampler's log-probs vs the scoring forward's (rollout.sampler_logprobs would use them): max |diff| "
+              f"{float(gap.max()):.2g}, mean {float(gap.mean()):.2g}, bitwise equal {bool((gap == 0).all())}")
     print(f"measured here: matmul {rate_decode / 1e9:.1f} GFLOP/s at {len(lengths)} rows (decode), "
           f"{rate_prefill / 1e9:.1f} at {int(statistics.mean(lengths)) * min(len(lengths), 64)} rows (prefill), "
           f"{rate_train / 1e9:.1f} at {int(statistics.mean(lengths)) * mb} rows (a micro-batch); copy {bw / 1e9:.1f} "

@@ -58,11 +58,11 @@ class LocalSampler:
     ``decode`` picks how the tokens after the prefill are computed (``dynamic``, ``static`` or ``compiled``;
     :mod:`ragen_turn.models.kv_cache`): the samples are the same for a seed, the logits agree to float rounding.
 
-    ``lean=True`` (``actor_rollout_ref.rollout.lean_forward``), for a Qwen2/Llama model
+    ``lean=True`` (``actor_rollout_ref.rollout.lean_forward``) with ``decode="dynamic"``, for a Qwen2/Llama model
     (:func:`~ragen_turn.models.lean.lean_supported`): the prefill and decode steps run
     :class:`~ragen_turn.models.lean.LeanLM` on one preallocated key/value buffer per call (no cache copies a step),
     rows that have stopped leave the computed batch (the buffer is compacted once a quarter of its rows stopped), and
-    stops are found on token ids for the whole batch; ``decode`` is then not used. Every row's next token is still
+    stops are found on token ids for the whole batch. Every row's next token is still
     drawn from one ``[B, V]`` distribution a step (stopped rows' logits are 0), so the random stream, hence the samples
     for a seed, are the model-forward path's wherever the logits agree (they do to float rounding).
     """
@@ -77,7 +77,7 @@ class LocalSampler:
             raise ValueError(f"actor_rollout_ref.rollout.top_p must be in (0, 1], got {top_p}")
         self.model, self.tok = model, tokenizer
         self.decode = check_decode(decode)
-        self._lean = LeanLM(model) if lean and lean_supported(model) else None
+        self._lean = LeanLM(model) if lean and self.decode == "dynamic" and lean_supported(model) else None
         self._step = model  # the decode step's callable (compiled on first use when decode=compiled)
         self.temperature, self.top_p = float(temperature), float(top_p)
         self.device = torch.device(device)
@@ -95,6 +95,10 @@ class LocalSampler:
         self._cached: List[_CachedRow] = []
         self._sample_gen = generator
         self.cached_tokens_reused = 0  # prompt tokens not prefilled again thanks to the cache (running total)
+        # record_logprobs (lean path): each sampled token's log-prob at the sampling temperature, from the logits it
+        # was drawn from (``last_logprobs``, aligned with the last ``generate``'s responses)
+        self.record_logprobs = False
+        self.last_logprobs: Optional[List[List[float]]] = None
 
     def reset_cache(self) -> None:
         """Forget the keys/values of earlier calls (they belong to the weights they were computed with)."""
@@ -108,6 +112,7 @@ class LocalSampler:
         self._sample_gen = self._device_generator()
         previous, self._cached = self._cached, []
         out: List[List[int]] = []
+        self.last_logprobs = [] if self.record_logprobs and self._lean is not None else None
         for i in range(0, len(prompts), mb):
             out.extend(self._generate(prompts[i:i + mb], max_new_tokens, previous))
         return out
@@ -274,7 +279,20 @@ class LocalSampler:
         """:meth:`_prefill`'s layout (``[pad][cached prefix][pad][new tokens]``, width ``W``) in a
         :class:`KVBuffer` of ``W + max_new_tokens`` slots: cached prefixes gathered in one indexed copy per source
         buffer and layer, the new tokens through :class:`LeanLM`. Returns ``(logits [B, V], buffer,
-        attn [B, L] bool, last positions [B], new-token counts, cached-prefix counts)``."""
+        attn [B, L] bool, last positions [B], new-token counts, cached-prefix counts)``.
+
+        Equal prompts (a group's first turn) are prefilled once and their rows copied: the same keys, values and
+        logits for each (every row's arithmetic is its own)."""
+        firsts: dict = {}
+        inverse = [firsts.setdefault(tuple(p), len(firsts)) for p in prompts]
+        if len(firsts) < len(prompts):
+            reused = self.cached_tokens_reused
+            out = self._lean_prefill([list(t) for t in firsts], previous, max_new_tokens)
+            inv = torch.tensor(inverse, dtype=torch.long)
+            logits, buf, attn, last_pos, n_len, c_len = out
+            self.cached_tokens_reused = reused + int(c_len[inv].sum())
+            return (logits[inv.to(logits.device)], buf.select_rows(inv.to(buf.keys[0].device)),
+                    attn[inv.to(attn.device)], last_pos[inv.to(last_pos.device)], n_len[inv], c_len[inv])
         B, dev = len(prompts), self.device
         hits: List[Optional[_CachedRow]] = [None] * B
         if previous:
@@ -347,6 +365,7 @@ class LocalSampler:
         W = attn.shape[1] - max_new_tokens
         C = W - int(n_len.max())  # the cached prefixes end here
         tokens = torch.zeros(B, max_new_tokens, dtype=torch.long)
+        logps = torch.zeros(B, max_new_tokens) if self.last_logprobs is not None else None
         lengths = torch.zeros(B, dtype=torch.long)
         alive = torch.ones(B, dtype=torch.bool)
         rows = torch.arange(B)            # buffer row r holds original row rows[r]
@@ -356,6 +375,9 @@ class LocalSampler:
             full[rows.to(full.device)] = logits
             nxt = self._sample(full).cpu()  # every row draws: the random stream is the full batch's
             tokens[:, k] = nxt
+            if logps is not None:  # the trainer's log-prob: the full softmax at the temperature (not top_p's)
+                lp = torch.log_softmax(full.float() / (self.temperature or 1.0), dim=-1)
+                logps[:, k] = lp.gather(1, nxt[:, None].to(lp.device)).squeeze(1).cpu()
             lengths += alive.long()
             alive &= ~self._stops(nxt, alive, tokens, k)
             if not bool(alive.any()) or k == max_new_tokens - 1:
@@ -373,6 +395,8 @@ class LocalSampler:
             step_mask = attn[:, None, None, :W + k + 1]
             logits = self._lean.forward(nxt[rows][:, None].to(self.device), last_pos[:, None], buf, W + k, step_mask)
         results = [tokens[b, :n].tolist() for b, n in enumerate(lengths.tolist())]
+        if logps is not None:
+            self.last_logprobs.extend(logps[b, :n].tolist() for b, n in enumerate(lengths.tolist()))
         if self.prefix_cache:
             for b, (p, r) in enumerate(zip(prompts, results)):
                 hb, hr = home[b]
