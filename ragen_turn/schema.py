@@ -195,6 +195,8 @@ class RolloutConfig:
     micro_batch_size: int = key(**NON_NEGATIVE)  # 0 = the whole env batch
     prefix_cache: bool = key()
     decode: str = key("dynamic", choices=("dynamic", "static", "compiled"))  # decode cache: local and verl's hf rollout
+    lean_forward: bool = key(True)  # local sampler: its own forward of Qwen2/Llama models (models/lean.py)
+    sampler_logprobs: bool = key(False)  # local engine: old log-probs from the sampler's logits (lean_forward only)
 
 
 @dataclass
@@ -431,6 +433,7 @@ class VerlEngineConfig:
 class EngineConfig:
     name: str = key(choices=("local", "verl"))
     gradient_checkpointing: bool = key(False)  # local engine
+    causal_attention: bool = key(True)  # local engine: right-padded rows without a padding mask (models.logprobs)
     verl: Optional[VerlEngineConfig] = key(None)
 
 

@@ -103,6 +103,46 @@ def test_scoring_in_length_sorted_micro_batches_keeps_each_rows_numbers(tmp_path
         assert not logp[b, n:].any()
 
 
+def test_causal_attention_without_the_padding_mask_keeps_scores_and_gradients(tmp_path):
+    """``engine.causal_attention``: right-padded rows run plain causal attention (no padding mask). The old
+    log-probs and values equal the masked forward's, and one mini-batch's accumulated gradients (actor and critic,
+    rows of uneven lengths in micro-batches) agree to float rounding; a left-padded batch keeps its mask."""
+    from omegaconf import open_dict as _open
+    from ragen_turn.models.logprobs import model_mask
+
+    cfg = micro_config(["algo=turn_ppo", "es_manager.train.env_groups=4", "es_manager.train.group_size=2",
+                        "agent_proxy.max_turn=3", "ppo_mini_batch_size=8", "micro_batch_size_per_gpu=3",
+                        "model.num_attention_heads=4", "model.num_key_value_heads=2"], run_dir=tmp_path)
+    tr = build_trainer(cfg, log=_quiet)
+    tr.sampler = uneven_policy(tr.tokenizer)
+    batch = tr.rollout(0)
+    assert batch.attention_mask.sum(1).unique().numel() > 2  # rows of uneven lengths: padding in the micro-batches
+    seen = {}
+    for causal in (False, True):
+        with _open(tr.cfg):
+            tr.cfg.engine.causal_attention = causal
+        b = batch.select(torch.arange(batch.batch_size))
+        tr.score(b)
+        tr.compute_advantages(b)
+        grads = {}
+        for name, model, loss_of in (("actor", tr.actor, tr.actor_loss), ("critic", tr.critic, tr.critic_step_loss)):
+            grads[name] = _mini_batch_grads(tr, model, loss_of, None, b, 3)
+        seen[causal] = (b, grads)
+    (b0, g0), (b1, g1) = seen[False], seen[True]
+    torch.testing.assert_close(b1.old_logp, b0.old_logp, rtol=0, atol=1e-6)
+    torch.testing.assert_close(b1.values, b0.values, rtol=0, atol=1e-6)
+    for name in ("actor", "critic"):
+        (m0, grads0), (m1, grads1) = g0[name], g1[name]
+        assert m0.keys() == m1.keys() and all(m1[k] == pytest.approx(m0[k], rel=1e-5, abs=1e-7) for k in m0)
+        assert any(g.abs().sum() > 0 for g in grads0)
+        for x, y in zip(grads1, grads0):
+            torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-6 * max(float(y.abs().max()), 1e-12))
+    right = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]])
+    assert model_mask(right, True) is None and model_mask(right, False) is right
+    left = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]])
+    assert model_mask(left, True) is left
+
+
 def test_turn_ppo_one_turn_takes_the_sequence_level_update(tmp_path):
     # the papers' trust region (turn-mean, no token band): one turn per episode is sequence-level PPO
     cfg = micro_config(["algo=turn_ppo", "agent_proxy.max_turn=1", "ppo_mini_batch_size=4",
@@ -715,6 +755,114 @@ def test_static_decode_logits_match_the_dynamic_cache():
     assert seen["dynamic"][0] == seen["static"][0]
     assert seen["dynamic"][1].shape == (9, 3, V)
     assert torch.allclose(seen["dynamic"][1], seen["static"][1], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("cached,micro,arch", [(True, 0, "qwen2"), (False, 4, "qwen2"), (True, 4, "llama")])
+def test_lean_forward_samples_what_the_model_forward_samples(cached, micro, arch):
+    """The lean sampler (models/lean.py on one key/value buffer, stopped rows compacted out, stops found on token
+    ids) gives token-identical multi-turn episodes to the model's own forward for one seed, and every step's
+    logits within 1e-5: rows of different prompt lengths stopping at different steps, with and without the prefix
+    cache, in chunks; a model with 2 query heads per key/value head."""
+    from ragen_turn.engines.local.sampler import LocalSampler
+    from ragen_turn.rollout import ChatFormatter, context_config, run_episodes
+
+    cfg = micro_config(["agent_proxy.max_turn=3", "actor_rollout_ref.rollout.response_length=10",
+                        "es_manager.train.env_groups=4", "es_manager.train.group_size=2", f"model.arch={arch}",
+                        "model.num_attention_heads=4", "model.num_key_value_heads=2"])
+    tr = build_trainer(cfg, log=_quiet)
+    torch.manual_seed(0)
+    with torch.no_grad():  # a likelier end-of-message token: turns end at different steps
+        tr.actor.get_input_embeddings().weight[tr.tokenizer.eos_token_id] *= 50.0
+    runs, logits = {}, {}
+    for lean in (False, True):
+        sampler = LocalSampler(tr.actor, tr.tokenizer, temperature=1.0, micro_batch_size=micro, lean=lean,
+                               generator=torch.Generator().manual_seed(5), prefix_cache=cached, device=tr.device)
+        assert (sampler._lean is not None) == lean
+        seen, sample = logits.setdefault(lean, []), sampler._sample
+        sampler._sample = lambda x, sample=sample, seen=seen: (seen.append(x.clone()), sample(x))[1]
+        runs[lean] = (run_episodes(tr.train_envs.assign_seeds(0, 0), sampler, ChatFormatter(tr.tokenizer),
+                                   context_config(cfg)), sampler.cached_tokens_reused)
+    old, new = runs[False][0], runs[True][0]
+    assert [e.token_ids for e in old] == [e.token_ids for e in new]
+    assert [e.response_mask for e in old] == [e.response_mask for e in new]
+    assert max(e.num_turns for e in old) > 1
+    assert len({sum(e.response_mask) for e in old}) > 1  # rows sampled different numbers of tokens
+    assert runs[False][1] == runs[True][1] and (runs[True][1] > 0) == cached
+    assert len(logits[False]) >= len(logits[True]) > 10  # the old path also steps after the last row stopped
+    for a, b in zip(logits[False], logits[True]):
+        live = b.abs().sum(-1) > 0  # rows compacted out of the lean batch sample from zeros (their draw is unused)
+        assert live.any() and torch.allclose(a[live], b[live], atol=1e-5, rtol=0), (a[live] - b[live]).abs().max()
+
+
+def test_lean_forward_matches_the_model_on_a_left_padded_prefill_and_decode():
+    """LeanLM's logits equal the model's forward (left-padded prompts, then decode steps at the next positions)
+    to float rounding, and the lean path is taken only for models it computes exactly."""
+    from ragen_turn.models.lean import LeanLM, lean_supported
+
+    tr = build_trainer(micro_config(["model.num_attention_heads=4", "model.num_key_value_heads=2"]), log=_quiet)
+    model = tr.actor
+    lean = LeanLM(model)
+    torch.manual_seed(2)
+    V = len(tr.tokenizer)
+    lens = [9, 4, 1]
+    B, N = len(lens), max(lens)
+    ids = torch.zeros(B, N, dtype=torch.long)
+    am = torch.zeros(B, N, dtype=torch.long)
+    for b, n in enumerate(lens):
+        ids[b, N - n:] = torch.randint(3, V, (n,))
+        am[b, N - n:] = 1
+    pos = (am.cumsum(1) - 1).clamp(min=0)
+    buf = lean.new_buffer(B, N + 3)
+    for k, v in zip(buf.keys, buf.values):
+        k.zero_(), v.zero_()
+    cols = torch.arange(N)
+    mask = (am.bool()[:, None, :] & (cols[None, None] <= cols[None, :, None])) | torch.eye(N, dtype=torch.bool)[None]
+    with torch.no_grad():
+        got = lean.forward(ids, pos, buf, 0, mask[:, None])
+        ref = model(input_ids=ids, attention_mask=am, position_ids=pos).logits[:, -1]
+        assert torch.allclose(got, ref, atol=1e-5, rtol=0), (got - ref).abs().max()
+        full_ids, full_am = ids, am
+        for step in range(3):  # decode: one token a step at slot N + step
+            nxt = torch.randint(3, V, (B, 1))
+            full_ids = torch.cat([full_ids, nxt], 1)
+            full_am = torch.cat([full_am, torch.ones(B, 1, dtype=torch.long)], 1)
+            p = (full_am.cumsum(1) - 1)[:, -1:]
+            got = lean.forward(nxt, p, buf, N + step, full_am.bool()[:, None, None, :])
+            ref = model(input_ids=full_ids, attention_mask=full_am,
+                        position_ids=(full_am.cumsum(1) - 1).clamp(min=0)).logits[:, -1]
+            assert torch.allclose(got, ref, atol=1e-5, rtol=0), (step, (got - ref).abs().max())
+    assert lean_supported(model)
+    model.config.use_sliding_window = True
+    assert not lean_supported(model)  # sliding windows: the model's own forward
+    model.config.use_sliding_window = False
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_sampler_logprobs_match_the_scoring_forward(temperature, tmp_path):
+    """``rollout.sampler_logprobs``: each sampled token's log-prob kept by the lean sampler (from the logits it was
+    drawn from, at the temperature) equals the scoring forward's to float rounding, 0 off the response tokens;
+    the score then takes them as the old log-probs. Off (the default): nothing is kept, the forward runs."""
+    cfg = micro_config(["algo=turn_ppo", "actor_rollout_ref.rollout.sampler_logprobs=true", "agent_proxy.max_turn=3",
+                        "actor_rollout_ref.rollout.response_length=10", "es_manager.train.env_groups=3",
+                        f"actor_rollout_ref.rollout.temperature={temperature}",
+                        "actor_rollout_ref.rollout.micro_batch_size=4"], run_dir=tmp_path)
+    tr = build_trainer(cfg, log=_quiet)
+    batch = tr.rollout(0)
+    assert batch.sampled_logp is not None and batch.sampled_logp.shape == batch.input_ids.shape
+    ref = tr._forward_all(lambda *a: tr.logprobs(tr.actor, *a), batch)
+    m = batch.response_mask.bool()
+    assert int(m.sum()) > 10 and max(e.num_turns for e in batch.episodes) > 1
+    assert not batch.sampled_logp[~m].any()
+    torch.testing.assert_close(batch.sampled_logp[m], ref[m], rtol=0, atol=1e-5)
+    tr.score(batch)
+    assert torch.equal(batch.old_logp, batch.sampled_logp * batch.response_mask)
+    with open_dict(tr.cfg):
+        tr.cfg.actor_rollout_ref.rollout.sampler_logprobs = False
+    tr.sampler.record_logprobs = False
+    off = tr.rollout(0)
+    assert off.sampled_logp is None
+    tr.score(off)
+    torch.testing.assert_close(off.old_logp, ref, rtol=0, atol=0)  # the same rollout, recomputed
 
 
 def test_prefix_cache_logits_match_a_full_prefill():

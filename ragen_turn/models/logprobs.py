@@ -13,6 +13,18 @@ def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
+def model_mask(attention_mask: torch.Tensor, causal: bool) -> torch.Tensor | None:
+    """The attention mask to give the model: ``None`` when ``causal`` and every row is right-padded (ones, then
+    zeros), so that it runs plain causal attention (SDPA's causal kernel: no ``[B, 1, T, T]`` mask built or read,
+    key blocks above the diagonal skipped, no key/value heads repeated). Every real token then attends to the same
+    keys as under the mask (pad positions see earlier pads, and nothing reads them); the logits were bitwise the
+    masked ones on the CPU here, gradients equal to float rounding (``tests/test_local_engine.py``). Else
+    ``attention_mask`` itself."""
+    if causal and attention_mask.dim() == 2 and bool((attention_mask[:, 1:] <= attention_mask[:, :-1]).all()):
+        return None
+    return attention_mask
+
+
 def base_model(model: torch.nn.Module) -> torch.nn.Module:
     """The transformer body of a `*ForCausalLM` (its `.base_model`, e.g. `.model`), or `model` itself."""
     base = getattr(model, "base_model", None)
@@ -22,7 +34,7 @@ def base_model(model: torch.nn.Module) -> torch.nn.Module:
 def sequence_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                       position_ids: torch.Tensor | None = None, temperature: float = 1.0,
                       return_entropy: bool = False, chunk_tokens: int = 4096,
-                      token_mask: torch.Tensor | None = None):
+                      token_mask: torch.Tensor | None = None, causal: bool = False):
     """Per-token log-probabilities of `input_ids` under the causal LM `model`.
 
     Args:
@@ -36,6 +48,7 @@ def sequence_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention
         token_mask: [B, T] or None. If given, only the tokens it marks (e.g. the response tokens) are scored and
             the output is 0 elsewhere; for a model whose logits are a plain `lm_head(hidden)` (Llama, Qwen2,
             ...) the vocabulary projection then runs on those positions only, not on all B x T.
+        causal: right-padded rows run plain causal attention (:func:`model_mask`).
 
     Returns:
         logp [B, T] float32: `logp[:, t] = log p(input_ids[:, t] | input_ids[:, :t])`; `logp[:, 0] = 0`, and 0
@@ -47,17 +60,17 @@ def sequence_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention
     materialised (logsumexp + gather per chunk, in float32). Gradients flow through both outputs.
     """
     logp, ent, _ = _logprobs(model, input_ids, attention_mask, position_ids, temperature, return_entropy,
-                             chunk_tokens, token_mask, want_hidden=False)
+                             chunk_tokens, token_mask, want_hidden=False, causal=causal)
     return (logp, ent) if return_entropy else logp
 
 
 def logprobs_and_hidden(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                         position_ids: torch.Tensor | None = None, temperature: float = 1.0, chunk_tokens: int = 4096,
-                        token_mask: torch.Tensor | None = None):
+                        token_mask: torch.Tensor | None = None, causal: bool = False):
     """One forward of the causal LM: `(logp[B,T], entropy[B,T], hidden[B,T,H])` (as `sequence_logprobs` with
     `return_entropy`, plus the backbone's last hidden state, after its final norm, for a value head on it)."""
     return _logprobs(model, input_ids, attention_mask, position_ids, temperature, True, chunk_tokens, token_mask,
-                     want_hidden=True)
+                     want_hidden=True, causal=causal)
 
 
 PLAIN_HEAD_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
@@ -76,18 +89,19 @@ def plain_lm_head(model: torch.nn.Module) -> torch.nn.Linear | None:
 
 
 def _logprobs(model, input_ids, attention_mask, position_ids, temperature, return_entropy, chunk_tokens, token_mask,
-              want_hidden: bool):
+              want_hidden: bool, causal: bool = False):
     """``(logp [B,T], entropy [B,T] | None, hidden [B,T,H] | None)``: the one implementation behind both above."""
     if position_ids is None:
         position_ids = positions_from_mask(attention_mask)
     head = plain_lm_head(model) if token_mask is not None else None
+    mask = model_mask(attention_mask, causal)
     if head is not None:  # backbone only, then the vocabulary projection on the scored positions
-        hidden = base_model(model)(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+        hidden = base_model(model)(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
                                     use_cache=False).last_hidden_state                            # [B, T, H]
         logp, ent = _selected_logprobs(head, hidden, input_ids, attention_mask, token_mask, temperature,
                                        return_entropy, chunk_tokens)
         return logp, ent, hidden if want_hidden else None
-    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False,
+    out = model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=False,
                 output_hidden_states=want_hidden)
     logp, ent = logprobs_from_logits(out.logits, input_ids, attention_mask, temperature, return_entropy,
                                      chunk_tokens)

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .logprobs import base_model, positions_from_mask
+from .logprobs import base_model, model_mask, positions_from_mask
 
 VALUE_HEAD_FILE = "value_head.safetensors"
 CRITIC_CONFIG_FILE = "critic_config.json"
@@ -57,12 +57,13 @@ class CriticModel(torch.nn.Module):
         return critic
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                position_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """input_ids[B,T], attention_mask[B,T], position_ids[B,T] (default: from the mask) -> values[B,T] float32."""
+                position_ids: torch.Tensor | None = None, causal: bool = False) -> torch.Tensor:
+        """input_ids[B,T], attention_mask[B,T], position_ids[B,T] (default: from the mask) -> values[B,T] float32.
+        ``causal``: right-padded rows run plain causal attention (:func:`~ragen_turn.models.logprobs.model_mask`)."""
         if position_ids is None:
             position_ids = positions_from_mask(attention_mask)
-        out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                            use_cache=False)
+        out = self.backbone(input_ids=input_ids, attention_mask=model_mask(attention_mask, causal),
+                            position_ids=position_ids, use_cache=False)
         hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]     # [B,T,H]
         return self.values_from_hidden(hidden)
 

@@ -30,7 +30,11 @@ class _Live:
         self.done = False
         self.actions_left = slot.max_actions
 
-    def add(self, ids: Sequence[int], turn: int | None) -> None:
+    def add(self, ids: Sequence[int], turn: int | None, logprobs: Optional[Sequence[float]] = None) -> None:
+        if logprobs is not None and len(self.ep.sampled_logprobs) == len(self.ep.token_ids):  # kept aligned
+            self.ep.sampled_logprobs.extend(logprobs)
+        elif turn is None and len(self.ep.sampled_logprobs) == len(self.ep.token_ids) > 0:
+            self.ep.sampled_logprobs.extend([0.0] * len(ids))
         self.ep.token_ids.extend(ids)
         self.ep.response_mask.extend([1 if turn is not None else 0] * len(ids))
         self.ep.turn_ids.extend([turn if turn is not None else -1] * len(ids))
@@ -92,11 +96,14 @@ def _play(slots: Sequence[EnvSlot], policy: Policy, formatter: ChatFormatter, cf
         responses = policy.generate([s.ep.token_ids for s in active], cfg.response_length)
         if len(responses) != len(active):
             raise RuntimeError(f"policy returned {len(responses)} responses for {len(active)} prompts")
-        for s, resp in zip(active, responses):
+        logprobs = getattr(policy, "last_logprobs", None) or [None] * len(active)  # the sampler's, when it keeps them
+        for s, resp, lps in zip(active, responses, logprobs):
             resp = list(resp)
             if not resp:
                 raise RuntimeError("policy returned an empty response (it must sample at least one token)")
-            s.add(resp, turn)
+            if lps is not None and turn == 0:  # the first prompt's tokens: 0 (no log-prob)
+                s.ep.sampled_logprobs = [0.0] * len(s.ep.token_ids)
+            s.add(resp, turn, lps)
             text = formatter.decode(resp)
             s.ep.texts.append(text)
             reward, feedback = _step_env(s, text, cfg)

@@ -36,6 +36,8 @@ class Episode:
     turn_format_ok: List[bool] = field(default_factory=list)  # per turn: an answer was parsed (raw envs: valid)
     turn_invalid: List[int] = field(default_factory=list)  # per turn: actions dropped or called invalid by the env
     metrics: Dict[str, float] = field(default_factory=dict)  # env-specific episode numbers (info["episode_metrics"])
+    # the sampler's log-prob of each token it sampled (0 elsewhere), aligned with token_ids; empty if not kept
+    sampled_logprobs: List[float] = field(default_factory=list)
 
     @property
     def num_turns(self) -> int:
@@ -64,6 +66,7 @@ class Trajectory:
     ref_logp: Optional[torch.Tensor] = None
     values: Optional[torch.Tensor] = None  # values[:, t] = V of the state just before token t
     bootstrap_values: Optional[torch.Tensor] = None  # [B] V after the last turn of truncated rows, 0 for finished ones
+    sampled_logp: Optional[torch.Tensor] = None  # [B, T] the sampler's log-probs (every episode kept them), else None
     advantages: Optional[torch.Tensor] = None
     returns: Optional[torch.Tensor] = None  # token / no-critic estimators' returns (None for the turn critic)
     # turn layout [B, H]
@@ -97,8 +100,13 @@ class Trajectory:
             turn_ids[b, :n] = torch.tensor(e.turn_ids, dtype=torch.long)
             turn_rewards[b, : e.num_turns] = torch.tensor(e.turn_rewards, dtype=torch.float32)
             turn_mask[b, : e.num_turns] = 1.0
+        sampled = None
+        if all(e.sampled_logprobs and len(e.sampled_logprobs) == len(e.token_ids) for e in episodes):
+            sampled = torch.zeros(B, T)
+            for b, e in enumerate(episodes):
+                sampled[b, :len(e.token_ids)] = torch.tensor(e.sampled_logprobs, dtype=torch.float32)
         return cls(
-            input_ids=input_ids, attention_mask=attention_mask, response_mask=response_mask,
+            input_ids=input_ids, attention_mask=attention_mask, response_mask=response_mask, sampled_logp=sampled,
             turn_ids=turn_ids, turn_rewards=turn_rewards, turn_mask=turn_mask,
             group_ids=torch.tensor([e.group_id for e in episodes], dtype=torch.long),
             success=torch.tensor([float(e.success) for e in episodes]),

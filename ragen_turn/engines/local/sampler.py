@@ -7,6 +7,7 @@ from typing import Any, List, Optional, Sequence
 import torch
 
 from ragen_turn.models.kv_cache import check_decode, compiled_step, to_static
+from ragen_turn.models.lean import KVBuffer, LeanLM, lean_supported
 
 _STOP_TABLES: dict = {}
 
@@ -56,18 +57,27 @@ class LocalSampler:
 
     ``decode`` picks how the tokens after the prefill are computed (``dynamic``, ``static`` or ``compiled``;
     :mod:`ragen_turn.models.kv_cache`): the samples are the same for a seed, the logits agree to float rounding.
+
+    ``lean=True`` (``actor_rollout_ref.rollout.lean_forward``) with ``decode="dynamic"``, for a Qwen2/Llama model
+    (:func:`~ragen_turn.models.lean.lean_supported`): the prefill and decode steps run
+    :class:`~ragen_turn.models.lean.LeanLM` on one preallocated key/value buffer per call (no cache copies a step),
+    rows that have stopped leave the computed batch (the buffer is compacted once a quarter of its rows stopped), and
+    stops are found on token ids for the whole batch. Every row's next token is still
+    drawn from one ``[B, V]`` distribution a step (stopped rows' logits are 0), so the random stream, hence the samples
+    for a seed, are the model-forward path's wherever the logits agree (they do to float rounding).
     """
 
     def __init__(self, model: Any, tokenizer: Any, temperature: float = 1.0, top_p: float = 1.0, top_k: int = -1,
                  stop_strings: Sequence[str] = ("</answer>", "</search>"), device: str | torch.device = "cpu",
                  generator: Optional[torch.Generator] = None, micro_batch_size: int = 0,
-                 prefix_cache: bool = False, decode: str = "dynamic"):
+                 prefix_cache: bool = False, decode: str = "dynamic", lean: bool = False):
         if temperature < 0:
             raise ValueError(f"actor_rollout_ref.rollout.temperature must be >= 0, got {temperature}")
         if not (0 < top_p <= 1):
             raise ValueError(f"actor_rollout_ref.rollout.top_p must be in (0, 1], got {top_p}")
         self.model, self.tok = model, tokenizer
         self.decode = check_decode(decode)
+        self._lean = LeanLM(model) if lean and self.decode == "dynamic" and lean_supported(model) else None
         self._step = model  # the decode step's callable (compiled on first use when decode=compiled)
         if int(top_k) < -1:
             raise ValueError(f"actor_rollout_ref.rollout.top_k must be -1 (off), 0 (off) or > 0, got {top_k}")
@@ -87,6 +97,10 @@ class LocalSampler:
         self._cached: List[_CachedRow] = []
         self._sample_gen = generator
         self.cached_tokens_reused = 0  # prompt tokens not prefilled again thanks to the cache (running total)
+        # record_logprobs (lean path): each sampled token's log-prob at the sampling temperature, from the logits it
+        # was drawn from (``last_logprobs``, aligned with the last ``generate``'s responses)
+        self.record_logprobs = False
+        self.last_logprobs: Optional[List[List[float]]] = None
 
     def reset_cache(self) -> None:
         """Forget the keys/values of earlier calls (they belong to the weights they were computed with)."""
@@ -100,6 +114,7 @@ class LocalSampler:
         self._sample_gen = self._device_generator()
         previous, self._cached = self._cached, []
         out: List[List[int]] = []
+        self.last_logprobs = [] if self.record_logprobs and self._lean is not None else None
         for i in range(0, len(prompts), mb):
             out.extend(self._generate(prompts[i:i + mb], max_new_tokens, previous))
         return out
@@ -119,6 +134,24 @@ class LocalSampler:
             if n < len(prompt) and (best is None or n > len(best.tokens)) and tuple(prompt[:n]) == c.tokens:
                 best = c
         return best
+
+    @staticmethod
+    def _prefix_index(previous: Sequence[_CachedRow]):
+        """``(tokens -> the first cached row holding them, their lengths longest first)``: :meth:`_find_prefix`'s
+        answer by one dict look-up per distinct length (the longest cached prefix; the first row among equals)."""
+        index: dict = {}
+        for c in previous:
+            index.setdefault(c.tokens, c)
+        return index, sorted({len(t) for t in index}, reverse=True)
+
+    @staticmethod
+    def _lookup(prompt: List[int], index: dict, lengths: List[int]) -> Optional[_CachedRow]:
+        for n in lengths:
+            if n < len(prompt):
+                hit = index.get(tuple(prompt[:n]))
+                if hit is not None:
+                    return hit
+        return None
 
     def _prefill(self, prompts: List[List[int]], previous: List[_CachedRow]):
         """Prefill ``prompts`` ``-> (logits [B, V], cache, attn [B, S], last_pos [B, 1], slots)``.
@@ -207,6 +240,8 @@ class LocalSampler:
 
     def _generate(self, prompts: List[List[int]], max_new_tokens: int,
                   previous: Sequence[_CachedRow] = ()) -> List[List[int]]:
+        if self._lean is not None:
+            return self._generate_lean(prompts, max_new_tokens, previous)
         B = len(prompts)
         logits, cache, attn, last_pos, slots = self._prefill(prompts, list(previous) if self.prefix_cache else [])
         width = attn.shape[1]
@@ -242,4 +277,136 @@ class LocalSampler:
                 cache = out.past_key_values
         if self.prefix_cache:
             self._remember(prompts, results, cache, slots, width)
+        return results
+
+    # ------------------------------------------------------------------ the lean path (LeanLM on one buffer)
+    def _lean_prefill(self, prompts: List[List[int]], previous: Sequence[_CachedRow], max_new_tokens: int):
+        """:meth:`_prefill`'s layout (``[pad][cached prefix][pad][new tokens]``, width ``W``) in a
+        :class:`KVBuffer` of ``W + max_new_tokens`` slots: cached prefixes gathered in one indexed copy per source
+        buffer and layer, the new tokens through :class:`LeanLM`. Returns ``(logits [B, V], buffer,
+        attn [B, L] bool, last positions [B], new-token counts, cached-prefix counts)``.
+
+        Equal prompts (a group's first turn) are prefilled once and their rows copied: the same keys, values and
+        logits for each (every row's arithmetic is its own)."""
+        firsts: dict = {}
+        inverse = [firsts.setdefault(tuple(p), len(firsts)) for p in prompts]
+        if len(firsts) < len(prompts):
+            reused = self.cached_tokens_reused
+            out = self._lean_prefill([list(t) for t in firsts], previous, max_new_tokens)
+            inv = torch.tensor(inverse, dtype=torch.long)
+            logits, buf, attn, last_pos, n_len, c_len = out
+            self.cached_tokens_reused = reused + int(c_len[inv].sum())
+            return (logits[inv.to(logits.device)], buf.select_rows(inv.to(buf.keys[0].device)),
+                    attn[inv.to(attn.device)], last_pos[inv.to(last_pos.device)], n_len[inv], c_len[inv])
+        B, dev = len(prompts), self.device
+        hits: List[Optional[_CachedRow]] = [None] * B
+        if previous:
+            index, lengths = self._prefix_index(previous)
+            hits = [self._lookup(p, index, lengths) for p in prompts]
+        c_len = torch.tensor([len(h.tokens) if h is not None else 0 for h in hits], dtype=torch.long)
+        n_len = torch.tensor([len(p) for p in prompts], dtype=torch.long) - c_len
+        C, N = int(c_len.max()), int(n_len.max())
+        W = C + N
+        buf = self._lean.new_buffer(B, W + max_new_tokens)
+        for k, v in zip(buf.keys, buf.values):  # padding slots must hold finite numbers (0 x NaN is NaN)
+            k[:, :, :W].zero_()
+            v[:, :, :W].zero_()
+        cols = torch.arange(W)
+        attn = torch.zeros(B, W + max_new_tokens, dtype=torch.bool)
+        attn[:, :W] = ((cols >= C - c_len[:, None]) & (cols < C)) | (cols >= W - n_len[:, None])
+        flat = torch.tensor([t for p, h in zip(prompts, hits) for t in p[len(h.tokens) if h is not None else 0:]],
+                            dtype=torch.long)
+        new_cols = attn[:, C:W]
+        input_ids = torch.full((B, N), self.pad_id, dtype=torch.long)
+        input_ids[new_cols[:, :N]] = flat
+        pos = (new_cols.long().cumsum(1) - 1 + c_len[:, None]).clamp(min=0)
+        if C > 0:
+            self._gather_prefixes(buf, hits, c_len, C)
+            self.cached_tokens_reused += int(c_len.sum())
+        qi = torch.arange(N)[:, None] + C                                            # each new token's slot
+        mask = (attn[:, None, :W] & (cols[None] <= qi)[None]) | (cols[None] == qi)[None]  # [B, N, W]; self always
+        logits = self._lean.forward(input_ids.to(dev), pos.to(dev), buf, C, mask[:, None].to(dev))
+        return logits, buf, attn.to(dev), pos[:, -1].to(dev), n_len, c_len
+
+    @staticmethod
+    def _gather_prefixes(buf: KVBuffer, hits: List[Optional[_CachedRow]], c_len: torch.Tensor, C: int) -> None:
+        """Copy each hit row's cached keys/values into ``buf``, right-aligned at slot ``C`` (grouped by the buffer
+        they sit in: one indexed copy per group and layer)."""
+        groups: dict = {}
+        for b, h in enumerate(hits):
+            if h is not None:
+                groups.setdefault(id(h.layers), (h.layers, []))[1].append((b, h))
+        for layers, rows in groups.values():
+            dst_b = torch.cat([torch.full((len(h.slots),), b, dtype=torch.long) for b, h in rows])
+            src_b = torch.cat([torch.full((len(h.slots),), h.row, dtype=torch.long) for _, h in rows])
+            src_t = torch.cat([h.slots for _, h in rows])
+            dst_t = torch.cat([torch.arange(C - len(h.slots), C) for _, h in rows])
+            dst, src = buf.keys[0], layers[0][0]
+            heads = torch.arange(dst.shape[1])[None]  # the same slots of every kv head: flat row indices
+            flat_dst = ((dst_b[:, None] * dst.shape[1] + heads) * dst.shape[2] + dst_t[:, None]).flatten()
+            flat_src = ((src_b[:, None] * src.shape[1] + heads) * src.shape[2] + src_t[:, None]).flatten()
+            flat_dst, flat_src = flat_dst.to(dst.device), flat_src.to(src.device)
+            for (k_src, v_src), k, v in zip(layers, buf.keys, buf.values):
+                d = k.shape[-1]
+                k.view(-1, d).index_copy_(0, flat_dst, k_src.reshape(-1, d).index_select(0, flat_src))
+                v.view(-1, d).index_copy_(0, flat_dst, v_src.reshape(-1, d).index_select(0, flat_src))
+
+    def _stops(self, nxt: torch.Tensor, alive: torch.Tensor, tokens: torch.Tensor, k: int) -> torch.Tensor:
+        """``[B]`` bool: rows (of ``alive``) whose response ``tokens[:, :k + 1]`` ends in a stop id or a stop string
+        (decoded only for rows whose new token can end one)."""
+        newly = torch.isin(nxt, self._stop_ids_t) & alive
+        cand = (self._maybe_stop[nxt] & alive & ~newly).nonzero().flatten().tolist()
+        for b in cand:
+            text = self.tok.decode(tokens[b, max(0, k - 15):k + 1].tolist())
+            if any(s in text for s in self.stop_strings):
+                newly[b] = True
+        return newly
+
+    def _generate_lean(self, prompts: List[List[int]], max_new_tokens: int,
+                       previous: Sequence[_CachedRow] = ()) -> List[List[int]]:
+        B = len(prompts)
+        logits, buf, attn, last_pos, n_len, c_len = self._lean_prefill(
+            prompts, list(previous) if self.prefix_cache else [], max_new_tokens)
+        W = attn.shape[1] - max_new_tokens
+        C = W - int(n_len.max())  # the cached prefixes end here
+        tokens = torch.zeros(B, max_new_tokens, dtype=torch.long)
+        logps = torch.zeros(B, max_new_tokens) if self.last_logprobs is not None else None
+        lengths = torch.zeros(B, dtype=torch.long)
+        alive = torch.ones(B, dtype=torch.bool)
+        rows = torch.arange(B)            # buffer row r holds original row rows[r]
+        home = [(buf, b) for b in range(B)]  # where each row's keys/values are (a stopped row's stay in place)
+        full = logits.new_zeros(B, logits.shape[-1])
+        for k in range(max_new_tokens):
+            full[rows.to(full.device)] = logits
+            nxt = self._sample(full).cpu()  # every row draws: the random stream is the full batch's
+            tokens[:, k] = nxt
+            if logps is not None:  # the trainer's log-prob: the full softmax at the temperature (not top_p's)
+                lp = torch.log_softmax(full.float() / (self.temperature or 1.0), dim=-1)
+                logps[:, k] = lp.gather(1, nxt[:, None].to(lp.device)).squeeze(1).cpu()
+            lengths += alive.long()
+            alive &= ~self._stops(nxt, alive, tokens, k)
+            if not bool(alive.any()) or k == max_new_tokens - 1:
+                break
+            keep = alive[rows]
+            if int(keep.sum()) <= 0.75 * len(rows):  # compact: stopped rows leave the computed batch
+                sel = keep.nonzero().flatten()
+                buf = buf.select_rows(sel.to(buf.keys[0].device))
+                rows, attn, last_pos = rows[sel], attn[sel.to(attn.device)], last_pos[sel.to(last_pos.device)]
+                for r, b in enumerate(rows.tolist()):
+                    home[b] = (buf, r)
+                full.zero_()
+            attn[:, W + k] = True
+            last_pos = last_pos + 1
+            step_mask = attn[:, None, None, :W + k + 1]
+            logits = self._lean.forward(nxt[rows][:, None].to(self.device), last_pos[:, None], buf, W + k, step_mask)
+        results = [tokens[b, :n].tolist() for b, n in enumerate(lengths.tolist())]
+        if logps is not None:
+            self.last_logprobs.extend(logps[b, :n].tolist() for b, n in enumerate(lengths.tolist()))
+        if self.prefix_cache:
+            for b, (p, r) in enumerate(zip(prompts, results)):
+                hb, hr = home[b]
+                n, c = int(n_len[b]), int(c_len[b])
+                slots = torch.cat([torch.arange(C - c, C), torch.arange(W - n, W + len(r) - 1)])
+                self._cached.append(_CachedRow(tuple(p) + tuple(r[:-1]), list(zip(hb.keys, hb.values)), hr,
+                                               slots))
         return results

@@ -92,7 +92,8 @@ def evaluate_policy(model, tokenizer, cfg: DictConfig, envs: EnvGroupManager, de
     r = cfg.actor_rollout_ref.rollout
     sampler = LocalSampler(model, tokenizer, temperature=r.val_temperature, top_p=1.0 if r.val_temperature else r.top_p,
                            device=device, generator=torch.Generator().manual_seed(int(cfg.seed)),
-                           micro_batch_size=r.micro_batch_size, prefix_cache=r.prefix_cache, decode=r.decode)
+                           micro_batch_size=r.micro_batch_size, prefix_cache=r.prefix_cache, decode=r.decode,
+                           lean=r.lean_forward)
     episodes = run_episodes(envs.assign_seeds(cfg.seed, 0), sampler, ChatFormatter(tokenizer), context_config(cfg),
                             log=log)
     batch = Trajectory.from_episodes(episodes, tokenizer.pad_token_id)
@@ -178,7 +179,9 @@ class StarPOTrainer:
         self.gen = torch.Generator(device="cpu")
         self.sampler = LocalSampler(self.actor, self.tokenizer, temperature=r.temperature, top_p=r.top_p,
                                     top_k=r.get("top_k", -1), device=self.device, generator=self.gen,
-                                    micro_batch_size=r.micro_batch_size, prefix_cache=r.prefix_cache, decode=r.decode)
+                                    micro_batch_size=r.micro_batch_size, prefix_cache=r.prefix_cache, decode=r.decode,
+                                    lean=r.lean_forward)
+        self.sampler.record_logprobs = bool(r.sampler_logprobs)
         self.loss_fn = get_policy_loss_fn(a.policy_loss.loss_mode)
         self.loss_cfg = policy_loss_config(cfg)
         self.tracer = EpisodeTracer(cfg, self.out_dir / TRACE_FILE, "local", self.tokenizer, self.loss_cfg) \
@@ -237,21 +240,25 @@ class StarPOTrainer:
         """Log-probs of the response tokens at the sampling temperature (so ratios compare like with like);
         0 on other tokens."""
         return sequence_logprobs(model, ids, am, pos, temperature=self.cfg.actor_rollout_ref.rollout.temperature or 1.0,
-                                 token_mask=response_mask, **kw)
+                                 token_mask=response_mask, causal=self.cfg.engine.causal_attention, **kw)
 
     def critic_values(self, ids, am, pos) -> torch.Tensor:
         """Critic values in the engines' shared layout: ``[:, t]`` = V(state just before token t)."""
-        return values_before_tokens(self.critic(ids, am, pos))
+        return values_before_tokens(self.critic(ids, am, pos, causal=self.cfg.engine.causal_attention))
 
     def score(self, batch: Trajectory) -> None:
         self.actor.eval()
-        batch.old_logp = self._forward_all(lambda *a: self.logprobs(self.actor, *a), batch)
+        if batch.sampled_logp is not None and self.cfg.actor_rollout_ref.rollout.sampler_logprobs:
+            batch.old_logp = batch.sampled_logp * batch.response_mask  # the sampler's (rollout.sampler_logprobs)
+        else:
+            batch.old_logp = self._forward_all(lambda *a: self.logprobs(self.actor, *a), batch)
         if self.ref is not None:
             with self.lora.adapter_off() if self.lora else contextlib.nullcontext():
                 batch.ref_logp = self._forward_all(lambda *a: self.logprobs(self.ref, *a), batch)
         if self.critic is not None:
             self.critic.eval()
-            after = self._forward_all(lambda ids, am, pos, _: self.critic(ids, am, pos), batch)  # V after token t
+            after = self._forward_all(lambda ids, am, pos, _: self.critic(  # V after token t
+                ids, am, pos, causal=self.cfg.engine.causal_attention), batch)
             batch.values = values_before_tokens(after) * batch.response_mask
             if self.cfg.algorithm.bootstrap_truncated:  # V after the row's last token, for rows that were cut
                 last = (batch.attention_mask.sum(dim=1) - 1).clamp(min=0)
@@ -434,7 +441,7 @@ class StarPOTrainer:
         """Shared backbone: policy loss + ``critic.vf_coef`` x value loss from one forward of the actor."""
         logp, ent, hidden = logprobs_and_hidden(self.actor, mb.input_ids, mb.attention_mask, mb.position_ids,
                                                 temperature=self.cfg.actor_rollout_ref.rollout.temperature or 1.0,
-                                                token_mask=mb.response_mask)
+                                                token_mask=mb.response_mask, causal=self.cfg.engine.causal_attention)
         loss, metrics = self.policy_loss(mb, logp, ent, counts)
         v_loss, v_metrics = self.critic_loss(mb, values_before_tokens(self.critic.values_from_hidden(hidden)), counts)
         metrics.update(v_metrics)
