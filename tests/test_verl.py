@@ -1368,6 +1368,10 @@ def test_verl_files_reach_verls_unpickling_loader_only_verified(model_dir, tmp_p
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     _trainer_with_fake_workers(model_dir, tmp_path, "grpo")[0].fit()
+    import shutil
+
+    copy = tmp_path.parent / f"{tmp_path.name}_copy"
+    shutil.copytree(tmp_path, copy)
     manifest = tmp_path / "global_step_2" / "complete.json"
     kept = manifest.read_text()
     manifest.unlink()
@@ -1381,6 +1385,14 @@ def test_verl_files_reach_verls_unpickling_loader_only_verified(model_dir, tmp_p
     t, _ = _trainer_with_fake_workers(model_dir, tmp_path, "grpo", "trainer.resume=true")
     assert t._load_checkpoint() == 1 and t.actor_rollout_wg.loaded.endswith("global_step_1/actor")
     assert "actor/extra_state_planted.pt is not listed in complete.json" in capsys.readouterr().out
+    # the refusal's advice works on verl too: trainer.resume_from names the verified checkpoint (it was ignored)
+    (copy / "global_step_2" / "complete.json").unlink()
+    with pytest.raises(UnverifiedCheckpoint) as e:
+        _trainer_with_fake_workers(model_dir, copy, "grpo", "trainer.resume=true")[0]._load_checkpoint()
+    assert "trainer.resume_from=global_step_1 resumes from it" in str(e.value)
+    t, _ = _trainer_with_fake_workers(model_dir, copy, "grpo", "trainer.resume=true",
+                                      "trainer.resume_from=global_step_1")
+    assert t._load_checkpoint() == 1 and t.actor_rollout_wg.loaded.endswith("global_step_1/actor")
 
 
 @needs_verl

@@ -525,7 +525,8 @@ class StarPOTrainer(RayPPOTrainer):
         earlier run's checkpoints; a resume loads the newest complete checkpoint whose files match their sha256
         (verl's tracker file is read first; a missing, empty, garbage or stale one is said in one line and passed
         over, and a checkpoint that fails its checksum or its load is said and the next older one tried), then
-        removes the checkpoints after it. Returns the step resumed from (0: none)."""
+        removes the checkpoints after it; ``trainer.resume_from`` (``global_step_N`` or ``latest``) names the one
+        to load instead. Returns the step resumed from (0: none)."""
         log = partial(print, flush=True)
         ckpt.clean(self.out_dir, log=log)
         if self.config.trainer.resume_mode == "disable":
@@ -533,10 +534,15 @@ class StarPOTrainer(RayPPOTrainer):
             if old:
                 log(f"[ragen_turn] removed the checkpoints of the earlier run in {self.out_dir} (a fresh start)")
             return 0
+        unverified = bool(self.rcfg.trainer.get("load_unverified", False))
+        name = self.rcfg.trainer.get("resume_from")
+        if name:  # a named checkpoint (global_step_N or latest), verified; no fallback
+            path = ckpt.find(self.out_dir, str(name), verify=True, allow_unverified=unverified, engine="verl")
+            self._load_workers(path)
         tried: tuple = ()
-        while True:
+        while not name:
             path = ckpt.resume_point(self.out_dir, log=log, pointer=ckpt.VERL_TRACKER, skip=tried, engine="verl",
-                                     allow_unverified=bool(self.rcfg.trainer.get("load_unverified", False)))
+                                     allow_unverified=unverified)
             if path is None:
                 if ckpt.step_dirs(self.out_dir):
                     raise FileNotFoundError(f"trainer.resume=true: no checkpoint in {self.out_dir} loads (see the "
@@ -544,9 +550,7 @@ class StarPOTrainer(RayPPOTrainer):
                 log(f"[ragen_turn] trainer.resume=true but no checkpoint in {self.out_dir}: starting fresh")
                 return 0
             try:
-                self.actor_rollout_wg.load_checkpoint(str(path / "actor"), del_local_after_load=False)
-                if self.use_critic:
-                    self.critic_wg.load_checkpoint(str(path / "critic"), del_local_after_load=False)
+                self._load_workers(path)
                 break
             except Exception as e:  # e.g. a file the checksum did not catch (a checkpoint without sha256)
                 log(f"[ragen_turn] checkpoint {path} failed to load ({type(e).__name__}: "
@@ -556,6 +560,13 @@ class StarPOTrainer(RayPPOTrainer):
         ckpt.drop_after(self.out_dir, self.global_steps, log=log)
         log(f"[ragen_turn] resumed from {path} at step {self.global_steps}")
         return self.global_steps
+
+    def _load_workers(self, path: Path) -> None:
+        """The actor's (and critic's) state from checkpoint ``path``, by verl's workers (their loader unpickles:
+        ``path`` has been verified against its ``complete.json`` first)."""
+        self.actor_rollout_wg.load_checkpoint(str(path / "actor"), del_local_after_load=False)
+        if self.use_critic:
+            self.critic_wg.load_checkpoint(str(path / "critic"), del_local_after_load=False)
 
     # ---------------------------------------------------------------------------------- logging
     def _make_tracker(self):
