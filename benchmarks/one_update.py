@@ -234,20 +234,23 @@ def group_of(label: str) -> str:
 
 
 def choose(summary: dict, labels, ref: str, tol: float = 0.1, objective: str = "success"):
-    """The rule: among ``labels``, those whose mean format errors are at most ``ref``'s mean + ``tol``; of those,
+    """The rule: among ``labels`` measured on as many batches as ``ref`` (a grid point a stopped call left with fewer
+    is not compared on other batches), those whose mean format errors are at most ``ref``'s mean + ``tol``; of those,
     the best mean ``objective`` (ties: fewer format errors, then the label's order). Returns ``(label, why)``;
     label None when no candidate is within ``tol`` (or ``ref`` has no rows)."""
     if ref not in summary or "format_errors" not in summary[ref]:
         return None, f"no rows of the reference {ref!r}"
     bound = summary[ref]["format_errors"][0] + tol
-    ok = [lb for lb in labels
-          if lb in summary and summary[lb].get("format_errors", (float("inf"),))[0] <= bound + 1e-12]
+    n_ref = summary[ref]["format_errors"][3]
+    complete = [lb for lb in labels if lb in summary and summary[lb].get("format_errors", (0, 0, 0, 0))[3] >= n_ref]
+    ok = [lb for lb in complete if summary[lb]["format_errors"][0] <= bound + 1e-12]
     if not ok:
         return None, f"no variant within {tol} of {ref}'s format errors ({bound - tol:.3f})"
     best = max(ok, key=lambda lb: (summary[lb].get(objective, (float("-inf"),))[0],
                                    -summary[lb]["format_errors"][0], -list(labels).index(lb)))
+    left = len(labels) - len(complete)
     return best, (f"best mean {objective} {summary[best][objective][0]:.3f} of {len(ok)} within {tol} of {ref}'s "
-                  f"format errors ({bound - tol:.3f})")
+                  f"format errors ({bound - tol:.3f})" + (f"; {left} with fewer batches not compared" if left else ""))
 
 
 def print_summary(rows, ref: str, tol: float, objective: str) -> dict:

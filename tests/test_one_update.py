@@ -88,6 +88,9 @@ def test_the_rule_picks_the_best_mean_success_within_tol_of_the_reference(bench)
     assert bench.choose(summary, labels, "token_ppo", tol=0.05)[0] == "x lr=3"
     assert bench.choose(summary, ["x lr=2"], "token_ppo", tol=0.1)[0] is None
     assert bench.choose(summary, labels, "missing", tol=0.1)[0] is None
+    # a grid point on fewer batches than the reference (a stopped call) is not compared
+    short = bench.summarize(rows + _rows("x lr=4", [0.1, 0.1], [0.9, 0.9]))
+    assert bench.choose(short, labels + ["x lr=4"], "token_ppo", tol=0.1)[0] == "x lr=1"
     # ties in success: fewer format errors wins
     tie = bench.summarize(_rows("r", [0.3], [0.1]) + _rows("p", [0.2], [0.5]) + _rows("q", [0.1], [0.5]))
     assert bench.choose(tie, ["p", "q"], "r")[0] == "q"
