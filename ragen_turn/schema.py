@@ -272,6 +272,7 @@ class CriticConfig:
     shared_backbone: bool = key()
     vf_coef: float = key(**NON_NEGATIVE)
     cliprange_value: Optional[float] = key(**POSITIVE)  # null = no value clipping
+    head_init: str = key(choices=("zero", "fit"))  # fit: least squares on the first batch (local engine)
     grad_clip: float = key(**NON_NEGATIVE)
     ppo_epochs: int = key(**TURNS)
     optim: CriticOptimConfig = section(CriticOptimConfig)

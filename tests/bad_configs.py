@@ -103,4 +103,5 @@ VERL_CASES = [
     (["engine=verl", "trainer.time_budget_s=60"], "trainer.time_budget_s"),          # local-engine keys: said before
     (["engine=verl", "algorithm.bootstrap_truncated=true"], "algorithm.bootstrap_truncated"),  # the warm start too
     (["engine=verl", "actor_rollout_ref.actor.max_update_kl=0.1"], "actor_rollout_ref.actor.max_update_kl"),
+    (["engine=verl", "critic.head_init=fit"], "critic.head_init"),
 ]

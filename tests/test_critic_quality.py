@@ -158,3 +158,46 @@ def test_value_clipping_off_is_the_plain_squared_error_on_both_engines(tmp_path)
     vl, clipfrac = verl_losses.compute_value_loss(vpreds=v, returns=returns, values=critic_values(b.values, b, "turn"),
                                                   response_mask=mask, cliprange_value=NO_VALUE_CLIP)
     assert float(vl) == pytest.approx(float(loss), rel=1e-6) and float(clipfrac) == 0.0
+
+
+@pytest.mark.parametrize("algo", ["turn_ppo", "token_ppo"])
+def test_head_init_fit_is_the_least_squares_head_on_the_first_batch(algo, tmp_path):
+    """critic.head_init=fit: at the first update the value head solves the ridge normal equations on the frozen
+    backbone's states where the critic reads (each row's own forward, here) against the batch's targets: residuals
+    sum to 0 (the bias is free) and X^T r = ridge N w; the backbone is untouched by the fit; later steps do not
+    fit again."""
+    from ragen_turn.engines.advantages import critic_targets
+    from ragen_turn.engines.local.trainer import build_trainer
+
+    tr = build_trainer(micro_config([f"algo={algo}", "critic.head_init=fit", "es_manager.train.env_groups=4"],
+                                    run_dir=tmp_path), log=_quiet)
+    b = tr.rollout(0)
+    tr.score(b)
+    tr.compute_advantages(b)
+    body = [p.detach().clone() for n, p in tr.critic.named_parameters() if not n.startswith("value_head.")]
+    tr.fit_critic_head(b)
+    assert all(torch.equal(p0, p) for p0, p in zip(body, [p for n, p in tr.critic.named_parameters()
+                                                          if not n.startswith("value_head.")]))
+    mask, _, returns = critic_targets(b, tr.cfg.critic.level)
+    X, y = [], []
+    for i in range(b.batch_size):
+        row = b.select([i])
+        with torch.no_grad():
+            h = tr.critic.backbone(input_ids=row.input_ids, attention_mask=row.attention_mask,
+                                   position_ids=row.position_ids, use_cache=False).last_hidden_state[0].double()
+        starts = [t for t in range(1, row.input_ids.shape[1]) if row.response_mask[0, t] == 1
+                  and (algo == "token_ppo" or row.response_mask[0, t - 1] == 0)]
+        X += [h[t - 1] for t in starts]
+        y += list(returns[i][mask[i].bool()].double())
+    X, y = torch.stack(X), torch.stack(y)
+    assert len(y) == int(mask.sum()) and y.var() > 0
+    w, bias = tr.critic.value_head.weight[0].detach().double(), tr.critic.value_head.bias.detach().double()
+    r = y - (X @ w + bias)
+    assert float(r.sum()) == pytest.approx(0.0, abs=1e-3 * len(y))
+    torch.testing.assert_close(X.T @ r, 1e-3 * len(y) * w, rtol=1e-3, atol=1e-3)
+    assert float(r.pow(2).mean()) < float((y - y.mean()).pow(2).mean())  # it explains some of the variance
+
+    metrics = tr.update(b)  # step index 0: fits (again, the same head), then its gradient steps
+    assert metrics["critic/head_fit"] == 1.0
+    tr.step = 1
+    assert "critic/head_fit" not in tr.update(b)

@@ -72,6 +72,19 @@ class CriticModel(torch.nn.Module):
         w, b = self.value_head.weight, self.value_head.bias
         return F.linear(hidden.float(), w.float(), b.float()).squeeze(-1)
 
+    @torch.no_grad()
+    def fit_head(self, features: torch.Tensor, targets: torch.Tensor, ridge: float = 1e-3) -> None:
+        """Set the value head to the ridge least-squares fit of ``targets`` ``[N]`` on ``features`` ``[N, H]``
+        (the backbone's last hidden states where the values are read): ``min_w,b |X w + b - y|^2 + ridge N |w|^2``
+        (in float64; the bias is not penalised), the backbone left as it is."""
+        X = features.double()
+        Xb = torch.cat([X, torch.ones(len(X), 1, dtype=X.dtype, device=X.device)], dim=1)
+        reg = torch.eye(Xb.shape[1], dtype=X.dtype, device=X.device) * ridge * len(X)
+        reg[-1, -1] = 0.0
+        w = torch.linalg.solve(Xb.T @ Xb + reg, Xb.T @ targets.double())
+        self.value_head.weight.copy_(w[:-1].float()[None])
+        self.value_head.bias.copy_(w[-1:].float())
+
     @classmethod
     def on_shared_backbone(cls, causal_lm: torch.nn.Module, init_std: float = 0.0) -> "CriticModel":
         """A value head on the actor's own backbone (no copy: the parameters are the actor's)."""

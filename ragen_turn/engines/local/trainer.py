@@ -39,6 +39,7 @@ from ragen_turn.algos import (
     masked_mean,
     minibatch_clip_stats,
     needs_minibatch_stats,
+    turn_boundaries,
     value_loss,
     values_before_tokens,
 )
@@ -469,6 +470,29 @@ class StarPOTrainer:
             loss = loss + a.kl_loss_coef * kl
         return loss, metrics
 
+    @torch.no_grad()
+    def fit_critic_head(self, batch: Trajectory) -> None:
+        """``critic.head_init=fit``: the value head by least squares (:meth:`CriticModel.fit_head`) on the frozen
+        backbone's hidden states where the critic reads its values (the state before each target: turn starts or
+        response tokens) against the batch's targets (``critic_targets``)."""
+        level = self.cfg.critic.level
+        feats, ys = [], []
+        self.critic.eval()
+        for idx in batch.micro_batches(self.cfg.micro_batch_size_per_gpu):
+            mb = batch.select(idx).to(self.device)
+            out = self.critic.backbone(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
+                                       position_ids=mb.position_ids, use_cache=False)
+            hidden = torch.nn.functional.pad(out.last_hidden_state.float()[:, :-1], (0, 0, 1, 0))  # [b, T, H]:
+            # the state before token t, where values_before_tokens reads V
+            mask, _, returns = critic_targets(mb, level)
+            if level == "turn":
+                starts, _ = turn_boundaries(mb.turn_ids, mask.shape[1])
+                hidden = hidden.gather(1, starts[..., None].expand(-1, -1, hidden.shape[-1]))  # [b, H_turns, H]
+            on = mask.bool()
+            feats.append(hidden[on].cpu())
+            ys.append(returns[on].float().cpu())
+        self.critic.fit_head(torch.cat(feats).to(self.device), torch.cat(ys).to(self.device))
+
     def critic_step_loss(self, mb: Trajectory, counts: Optional[GlobalCounts] = None):
         values = self.critic_values(mb.input_ids, mb.attention_mask, mb.position_ids)
         return self.critic_loss(mb, values.float(), counts)
@@ -483,6 +507,9 @@ class StarPOTrainer:
         metrics: Dict[str, float] = {}
         skipped = 0
         self.update_trace = {}
+        if self.critic is not None and self.step == 0 and self.cfg.critic.get("head_init", "zero") == "fit":
+            self.fit_critic_head(batch)  # the first update: the head fitted before any gradient step
+            metrics["critic/head_fit"] = 1.0
         if self.critic is not None and not self.shared_critic:
             metrics["critic/lr"] = self._set_lr(self.critic_optim, self.cfg.critic.optim, self.step)
             m, s = self._run_updates(batch, self.critic, self.critic_optim, self.critic_step_loss,

@@ -166,6 +166,9 @@ def check_ragen_config(cfg: DictConfig, host: Optional[Host] = None) -> Placemen
         raise ValueError("algorithm.bootstrap_truncated=true runs on engine=local only: verl's critic returns the "
                          "values "
                          "before each response token and drops the one after the last token, which the bootstrap reads")
+    if cfg.critic.level != "none" and cfg.critic.get("head_init", "zero") != "zero":
+        raise ValueError(f"critic.head_init={cfg.critic.head_init} runs on engine=local only: verl's critic worker "
+                         "starts from a new zero head (set critic.head_init=zero)")
     if cfg.trainer.get("time_budget_s") is not None:
         raise ValueError("trainer.time_budget_s runs on engine=local only: on verl, set trainer.total_training_steps")
     v = cfg.engine.verl
