@@ -396,7 +396,8 @@ def test_named_configs_compose_for_each_ragen_env():
 def test_train_sh_config_name_trains(tmp_path, name, tag):
     run = tmp_path / "run"
     res = subprocess.run(["bash", "train.sh", "--config-name", name, "model.warmstart.enable=false",
-                          "model.hidden_size=32", "model.num_hidden_layers=1", "model.num_attention_heads=2",
+                          "model.copy_pretrain_steps=0", "model.hidden_size=32", "model.num_hidden_layers=1",
+                          "model.num_attention_heads=2",
                           "model.num_key_value_heads=1", "model.intermediate_size=64", "trainer.total_training_steps=1",
                           "es_manager.train.env_groups=2", "es_manager.train.group_size=2", "ppo_mini_batch_size=4",
                           "es_manager.val.env_groups=2", "agent_proxy.max_turn=2", "trainer.collapse_freq=0",

@@ -431,6 +431,15 @@ def test_config_mapping_is_accepted_by_verls_config_classes(model_dir, algo):
 
 
 @needs_verl
+def test_top_k_sampling_reaches_verls_rollout(model_dir):
+    """RAGEN's top_k (issue 60) -> ours -> verl's rollout.top_k, which verl's agent loop passes to the server."""
+    from ragen_turn.engines.verl.config import check_verl_config
+
+    cfg, vcfg = verl_cfg(model_dir, "ctx_manager.generation.gen_config.top_k=20")
+    assert check_verl_config(vcfg)["rollout"].top_k == 20 == cfg.actor_rollout_ref.rollout.top_k
+
+
+@needs_verl
 def test_config_mapping_errors_name_the_key(model_dir):
     with pytest.raises(ValueError, match="ppo_mini_batch_size"):
         verl_cfg(model_dir, "ppo_mini_batch_size=3")
