@@ -110,3 +110,32 @@ def test_token_ppo_metrics_under_verls_names_are_verls():
     named = with_ragen_names(ours)
     for k in ("actor/ppo_kl", "actor/pg_clipfrac", "actor/pg_clipfrac_lower"):
         assert named[k] == pytest.approx(float(theirs[k]), abs=1e-6), k
+
+
+@needs_verl
+def test_the_verl_trainer_logs_ragens_names_to_its_tracker(tmp_path, monkeypatch):
+    """Our verl trainer (fake worker groups: test_verl) hands wandb's tracker ours and RAGEN's names."""
+    import tempfile
+
+    from ragen_turn.models import export_model
+    from test_verl import MICRO_MODEL_CFG, _trainer_with_fake_workers
+
+    class FakeTracker:
+        logged: list = []
+
+        def log(self, data, step):
+            self.logged.append(dict(data))
+
+    model_dir = str(export_model("tiny", tmp_path / "tiny_hf", model_cfg=MICRO_MODEL_CFG))
+    t, _ = _trainer_with_fake_workers(model_dir, tmp_path / "run", "turn_ppo")
+    t._make_tracker = FakeTracker
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    t.fit()
+    last = FakeTracker.logged[-1]
+    tag = next(k.split("/")[1] for k in last if k.startswith("env/") and k.endswith("/success") and k.count("/") == 2)
+    assert last[f"train/{tag}/success"] == last[f"env/{tag}/success"]
+    assert last[f"val-env/{tag}/success"] == last[f"val/{tag}/success"]
+    assert last["actor/pg_clipfrac"] == last["actor/clip_frac_token"] and "critic/vf_loss" in last
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert f"train/{tag}/success" not in rows[-1]
