@@ -122,3 +122,23 @@ def test_lora_keys_are_checked_before_any_work():
         micro_config(["critic.model.lora_rank=8"])
     cfg = micro_config(["lora.rank=64", "lora.alpha=64"])  # RAGEN's keys set the actor's
     assert (cfg.actor_rollout_ref.model.lora_rank, cfg.actor_rollout_ref.model.lora_alpha) == (64, 64.0)
+
+
+@pytest.mark.parametrize("guard,flag", [
+    (["actor_rollout_ref.actor.max_update_kl=1e-12", "actor_rollout_ref.actor.step_scale=live"],
+     "actor/update_rolled_back"),
+    (["actor_rollout_ref.actor.optim.lr=1e30"], "actor/weights_unsound"),
+])
+def test_lora_update_guards_put_the_adapter_back(guard, flag, tmp_path):
+    """The rollback (max_update_kl) and the weights' soundness check restore the adapter (only it is copied)
+    and never touch the frozen base."""
+    cfg = micro_config(LORA + ["algo=grpo", "trainer.total_training_steps=1", "trainer.max_nonfinite_steps=5",
+                               *guard], run_dir=tmp_path)
+    tr = build_trainer(cfg, log=_quiet)
+    tr.sampler = mixed_policy(tr.tokenizer)
+    before = {n: p.detach().clone() for n, p in tr.actor.named_parameters()}
+    tr.fit()
+    row = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()][-1]
+    assert row[flag] == 1.0, row
+    for n, p in tr.actor.named_parameters():
+        assert torch.equal(p, before[n]), n
