@@ -308,7 +308,7 @@ def check_run_dir(cfg, log: Callable[[str], None] = print) -> RunDirLock:
 # what a run trains: a resume may change how it runs (steps, lr, logging, checkpoints), not these
 IDENTITY_KEYS = ("algo.name", "env.name", "model.name", "model.path", "seed", "engine.name",
                  "algorithm.adv_estimator", "actor_rollout_ref.actor.policy_loss.loss_mode", "critic.level",
-                 "env.train_tags", "env_module")
+                 "env.train_tags", "env_module", "actor_rollout_ref.model.lora_rank")
 CONFIG_FILE = "config.yaml"
 
 
@@ -324,6 +324,8 @@ def resume_config_changes(old, new) -> List[str]:
         b = OmegaConf.to_container(b) if OmegaConf.is_config(b) else b
         if key == "model.path" and (a is None or b is None):
             continue
+        if key == "actor_rollout_ref.model.lora_rank":  # a run recorded before LoRA existed: full fine-tuning
+            a, b = a or 0, b or 0
         if a != b:
             out.append(f"{key}: {a} -> {b}")
     return out
