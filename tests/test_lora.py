@@ -122,3 +122,62 @@ def test_lora_keys_are_checked_before_any_work():
         micro_config(["critic.model.lora_rank=8"])
     cfg = micro_config(["lora.rank=64", "lora.alpha=64"])  # RAGEN's keys set the actor's
     assert (cfg.actor_rollout_ref.model.lora_rank, cfg.actor_rollout_ref.model.lora_alpha) == (64, 64.0)
+
+
+@pytest.mark.parametrize("guard,flag", [
+    (["actor_rollout_ref.actor.max_update_kl=1e-12", "actor_rollout_ref.actor.step_scale=live"],
+     "actor/update_rolled_back"),
+    (["actor_rollout_ref.actor.optim.lr=1e30"], "actor/weights_unsound"),
+])
+def test_lora_update_guards_put_the_adapter_back(guard, flag, tmp_path):
+    """The rollback (max_update_kl) and the weights' soundness check restore the adapter (only it is copied)
+    and never touch the frozen base."""
+    cfg = micro_config(LORA + ["algo=grpo", "trainer.total_training_steps=1", "trainer.max_nonfinite_steps=5",
+                               *guard], run_dir=tmp_path)
+    tr = build_trainer(cfg, log=_quiet)
+    tr.sampler = mixed_policy(tr.tokenizer)
+    before = {n: p.detach().clone() for n, p in tr.actor.named_parameters()}
+    tr.fit()
+    row = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()][-1]
+    assert row[flag] == 1.0, row
+    for n, p in tr.actor.named_parameters():
+        assert torch.equal(p, before[n]), n
+
+
+def test_train_sh_base_lora_trains(tmp_path):
+    """RAGEN's ``--config-name base-lora`` (its base + LoRA rank 64, alpha 64, all-linear) trains: its checkpoint
+    holds the adapter beside the merged model."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from omegaconf import OmegaConf
+
+    root = Path(__file__).resolve().parent.parent
+    run = tmp_path / "run"
+    res = subprocess.run(["bash", "train.sh", "--config-name", "base-lora", "model.warmstart.enable=false",
+                          "model.hidden_size=32", "model.num_hidden_layers=1", "model.num_attention_heads=2",
+                          "model.num_key_value_heads=1", "model.intermediate_size=64", "model.copy_pretrain_steps=0",
+                          "trainer.total_training_steps=1", "es_manager.train.env_groups=2",
+                          "es_manager.train.group_size=2", "ppo_mini_batch_size=4",
+                          "es_manager.val.env_groups=2", "agent_proxy.max_turn=2", "trainer.collapse_freq=0",
+                          "actor_rollout_ref.rollout.response_length=8", "device=cpu",
+                          f"trainer.default_local_dir={run}"],
+                         cwd=root, env={**os.environ, "PYTHON": sys.executable}, capture_output=True, text=True,
+                         timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "algo=token_ppo" in res.stdout
+    cfg = OmegaConf.load(run / "config.yaml")
+    m = cfg.actor_rollout_ref.model
+    assert (m.lora_rank, m.lora_alpha, m.target_modules) == (64, 64, "all-linear")
+    assert (cfg.actor_rollout_ref.actor.optim.lr, cfg.critic.optim.lr) == (1e-5, 1e-4)
+    ckpt = _latest(run)
+    assert (ckpt / "actor_adapter" / "adapter_config.json").is_file() and (ckpt / "actor" / "config.json").is_file()
+
+
+def test_a_resume_that_switches_lora_on_or_off_is_refused_naming_the_key(tmp_path):
+    full = build_trainer(micro_config(["algo=grpo", "trainer.total_training_steps=1"], run_dir=tmp_path), log=_quiet)
+    full.fit()
+    with pytest.raises(ValueError, match=r"actor_rollout_ref\.model\.lora_rank: 0 -> 4"):
+        build_trainer(micro_config(LORA + ["algo=grpo", "trainer.resume=true"], run_dir=tmp_path), log=_quiet)

@@ -319,7 +319,7 @@ IDENTITY_KEYS = ("algo.name", "env.name", "model.name", "model.path", "seed", "e
                  "algorithm.adv_estimator", "actor_rollout_ref.actor.policy_loss.loss_mode", "critic.level",
                  "env.train_tags", "env_module", "model.arch", "model.hidden_size", "model.num_hidden_layers",
                  "model.num_attention_heads", "model.num_key_value_heads", "model.intermediate_size",
-                 "model.tie_word_embeddings")
+                 "model.tie_word_embeddings", "actor_rollout_ref.model.lora_rank")
 CONFIG_FILE = "config.yaml"
 CONFIGS_FILE = "configs.jsonl"
 PROVENANCE_FILE = "provenance.json"
@@ -355,6 +355,8 @@ def resume_config_changes(old, new) -> List[str]:
         a, b = _plain(a), _plain(OmegaConf.select(new, key, default=None))
         if key == "model.path" and (a is None or b is None):
             continue
+        if key == "actor_rollout_ref.model.lora_rank":  # a run recorded before LoRA existed: full fine-tuning
+            a, b = a or 0, b or 0
         if a != b:
             out.append(f"{key}: {a} -> {b}")
     return out
