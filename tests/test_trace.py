@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,6 +16,8 @@ from ragen_turn.engines.trace import EPISODE_KEYS, TURN_KEYS, check_record, trac
 from ragen_turn.runfiles import TRACE_FILE
 
 from helpers import micro_config
+
+REPO = Path(__file__).resolve().parents[1]
 
 CFG = {"clip_ratio_low": 0.2, "clip_ratio_high": 0.28}
 # two rows: row 0 has turns of 2 and 2 tokens (a padding gap between), row 1 one turn of 3 tokens
@@ -166,3 +171,27 @@ def test_numbers_are_finite_or_null(tmp_path):
         for e in line["episodes"]:
             for t in e["turns"]:
                 assert all(x is None or math.isfinite(x) for x in t["tok_log_ratio"])
+
+
+def test_a_resume_truncates_the_trace_to_its_checkpoint(tmp_path):
+    """Like metrics.jsonl: a resumed run drops the lines after its checkpoint's step, then traces on."""
+    run_local(tmp_path, extra=["trainer.total_training_steps=1", "trainer.trace_episodes=1"])
+    path = tmp_path / TRACE_FILE
+    with open(path, "a") as f:  # a step the killed run traced but never checkpointed
+        f.write(json.dumps({"step": 2, "engine": "stale", "episodes": []}) + "\n")
+    run_local(tmp_path, extra=["trainer.total_training_steps=2", "trainer.trace_episodes=1", "trainer.resume=true"])
+    lines = read_lines(path)
+    assert [x["step"] for x in lines] == [1, 2] and lines[1]["engine"] == "local"
+
+
+@pytest.mark.skipif(not os.environ.get("RAGEN_TURN_VERL_RUN"),
+                    reason="a real 2-step verl run (Ray, FSDP workers: minutes); .ci/run's verl run checks its trace "
+                           "the same way; RAGEN_TURN_VERL_RUN=1 runs it here (wrap in flock /tmp/verl.lock)")
+def test_a_real_verl_run_writes_the_local_engines_schema(tmp_path):
+    run = tmp_path / "verl"
+    subprocess.run(["bash", "train.sh", "sokoban", "turn_ppo", "engine=verl", "trainer.total_training_steps=2",
+                    "es_manager.train.env_groups=4", "ppo_mini_batch_size=16", "es_manager.val.env_groups=8",
+                    f"trainer.default_local_dir={run}"], cwd=REPO, check=True, timeout=3000)
+    lines = read_lines(run / TRACE_FILE)
+    check_schema(lines, 2, "after_update")
+    assert all(x["engine"] == "verl" for x in lines)

@@ -1215,7 +1215,9 @@ def test_fit_with_fake_workers_writes_the_trace_in_the_local_engines_schema(mode
     """trainer.trace_episodes on verl: each step's line has the local engine's record schema
     (``engines.trace.check_record``), whole groups, the turns' text and critic values, and the update read by a
     forward of the traced rows after the actor's update (``after_update``): the fake workers' log-probs are 0, so
-    every turn's log-ratio is minus the rollout's (old) log-probs summed over the turn, here 0."""
+    every turn's log-ratio is minus the rollout's (old) log-probs summed over the turn, here 0. Each group's
+    episodes are told apart by their rollout row (``TRACE_SLOT``), not their text: the fake rollout's episodes of a
+    group are identical."""
     from ragen_turn.engines.trace import check_record
     from ragen_turn.runfiles import TRACE_FILE, read_trace
 

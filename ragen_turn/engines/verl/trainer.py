@@ -66,6 +66,7 @@ from .config import AGENT_LOOP_NAME
 from .trust_region import UPDATE_FIELD, stepped_minibatches
 from .turn_counts import TURNS_FIELD, minibatch_turn_counts, ppo_loss_with_turn_counts
 
+TRACE_SLOT = "ragen_trace_slot"  # trainer.trace_episodes: each rollout row's number (copies share it)
 TRAIN_KEYS = ("input_ids", "attention_mask", "position_ids", "prompts", "responses", "response_mask")
 
 
@@ -362,6 +363,8 @@ class StarPOTrainer(RayPPOTrainer):
                 batch, gen_timing = self.rollout(self.train_plan.assign_seeds(self.rcfg.seed, step), "train", step)
                 self.checkpoint_manager.sleep_replicas()
             timing.update(gen_timing)
+            if self.tracer is not None:  # each rollout row's number, through filtering and copy-mode padding
+                batch.non_tensor_batch[TRACE_SLOT] = np.arange(len(batch), dtype=object)
             traj = to_trajectory(batch)
             metrics.update(episode_metrics(traj, "env"))
             spec = FilterSpec.from_config(self.rcfg.actor_rollout_ref.rollout)
@@ -423,11 +426,8 @@ class StarPOTrainer(RayPPOTrainer):
         left out; returns the rows ([] when off)."""
         if self.tracer is None:
             return []
-        keys = batch.non_tensor_batch.get("sample_seed")  # one per rollout slot (gen_batch): copies share it
-        if keys is None:  # verl passed the slot's fields on only without reward workers: the episode's tokens
-            keys = [(e.group_id, tuple(traj.input_ids[i][traj.response_mask[i].bool()].tolist()))
-                    for i, e in enumerate(traj.episodes)]
-        rows = trace_rows(traj.group_ids.tolist(), self.tracer.n, list(keys))
+        slots = batch.non_tensor_batch[TRACE_SLOT].tolist()  # the rollout's row: copy-mode copies share it
+        rows = trace_rows(traj.group_ids.tolist(), self.tracer.n, slots)
         prompts, pam = batch.batch["prompts"], batch.batch["attention_mask"][:, :batch.batch["prompts"].shape[1]]
         self.tracer.begin(traj, rows, [prompts[i][pam[i].bool()].tolist() for i in rows])
         return rows
