@@ -1,7 +1,7 @@
 """Where a training step's time goes (local engine), against the arithmetic it does and a bound measured here.
 
     python benchmarks/bench_step.py [--job default long_turns long_horizon] [--groups N] [--steps 2]
-                                    [--threads T] [--profile] [--old-new] [--set KEY=VALUE ...]
+                                    [--threads T] [--profile] [--rollout-only] [--set KEY=VALUE ...]
 
 Jobs: ``default`` is ``bash train.sh sokoban turn_ppo`` (the README's main command: 64 groups x 4 episodes, 5 turns),
 ``long_turns`` / ``long_horizon`` add ``+setting=...`` with their committed warm starts. ``--groups`` sets
@@ -22,8 +22,9 @@ new step 1, old step 2, ...), so that both see the same load. Per phase it print
   measured here; ``of bound`` = bound / time (1.0 = at the bound).
 
 The new trainer's sampler also keeps its log-probs (``rollout.sampler_logprobs`` would use them as the old
-log-probs); their gap to the scoring forward's is printed. ``--profile`` adds the top operations of each phase
-(``torch.profiler``, self CPU time) of one more new step. The samples of old and new are compared (identical tokens
+log-probs); their gap to the scoring forward's is printed. ``--profile`` adds the top operations of the rollout,
+score and update (``torch.profiler``, self CPU time) of one more step of each. ``--rollout-only``: the sampler alone
+(old against new, the same weights and seeds each time). The samples of old and new are compared (identical tokens
 per row) and so are the steps' metrics (their largest relative gap). Timings on a shared machine are noisy: read the
 ratios (interleaved), and the load printed at the start and the end.
 """
@@ -213,6 +214,12 @@ def run_job(job: str, a) -> None:
         batches = {}
         for k in ("old", "new"):
             tr = trainers[k]
+            if a.rollout_only:  # the sampler alone: same weights every time, seeds of step 0
+                t = clock()
+                batches[k] = tr.rollout(0)
+                times[k].append({"rollout": clock() - t})
+                timers[k].last_metrics = {}
+                continue
             rollout = tr.rollout
             tr.rollout = lambda step, rollout=rollout, k=k: batches.setdefault(k, rollout(step))
             times[k].append(timers[k].step(tr))
@@ -245,7 +252,8 @@ def run_job(job: str, a) -> None:
           f"GB/s")
     print(f"{'phase':<11} {'old cpu':>8} {'new cpu':>8} {'old/new':>8} {'GFLOP':>8} {'MB read':>8} {'bound s':>8} "
           f"{'new of bound':>12}")
-    for phase in ("rollout", "filter", "score", "advantages", "update", "elsewhere", "step"):
+    for phase in ("rollout",) if a.rollout_only else ("rollout", "filter", "score", "advantages", "update",
+                                                      "elsewhere", "step"):
         o = statistics.median(t.get(phase, 0.0) for t in times["old"])
         n = statistics.median(t.get(phase, 0.0) for t in times["new"])
         flops, nbytes = ar.get(phase, (None, None))
@@ -264,15 +272,17 @@ def run_job(job: str, a) -> None:
         bs = f"{bound:8.2f}" if bound else f"{'':>8}"
         of = f"{bound / n:12.1%}" if bound and n > 0 else f"{'':>12}"
         print(f"{phase:<11} {o:8.2f} {n:8.2f} {ratio} {fl} {by} {bs} {of}")
-    wall_o = statistics.median(t["wall"] for t in times["old"])
-    wall_n = statistics.median(t["wall"] for t in times["new"])
+    wall_o = statistics.median(t.get("wall", 0.0) for t in times["old"])
+    wall_n = statistics.median(t.get("wall", 0.0) for t in times["new"])
     print(f"(CPU seconds of this process; {a.steps} step(s) each, medians; wall seconds of a step: old {wall_o:.1f}, "
           f"new {wall_n:.1f}; {load()})", flush=True)
     if a.profile:
-        timer = PhaseTimer(trainers["new"], profile=True)
-        timer.step(trainers["new"])
-        for phase, table in timer.profiles.items():
-            print(f"--- top operations, new {NAMES[phase]} (self CPU) ---\n{table}")
+        for k in ("old", "new"):
+            timer = PhaseTimer(trainers[k], profile=True)
+            timer.step(trainers[k])
+            for phase, table in timer.profiles.items():
+                if phase in ("rollout", "score", "sound_update"):
+                    print(f"--- top operations, {k} {NAMES[phase]} (self CPU) ---\n{table}")
 
 
 def main() -> None:
@@ -282,6 +292,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--rollout-only", action="store_true", help="time the rollout alone (old vs new sampler)")
     ap.add_argument("--set", action="append", default=[], help="more Hydra overrides (both trainers)")
     a = ap.parse_args()
     quiet_transformers()
