@@ -1,7 +1,7 @@
 """Where a training step's time goes (local engine), against the arithmetic it does and a bound measured here.
 
     python benchmarks/bench_step.py [--job default long_turns long_horizon] [--groups N] [--steps 2]
-                                    [--threads T] [--profile] [--old-new] [--set KEY=VALUE ...]
+                                    [--threads T] [--profile] [--rollout-only] [--set KEY=VALUE ...]
 
 Jobs: ``default`` is ``bash train.sh sokoban turn_ppo`` (the README's main command: 64 groups x 4 episodes, 5 turns),
 ``long_turns`` / ``long_horizon`` add ``+setting=...`` with their committed warm starts. ``--groups`` sets
@@ -10,18 +10,21 @@ same weights and seeds, ``old`` (the step as at 872d077: the model's own forward
 recomputed) and ``new`` (this tree's defaults), and runs ``--steps`` training steps of each, interleaved (old step 1,
 new step 1, old step 2, ...), so that both see the same load. Per phase it prints:
 
-- time: median over the steps of each phase (rollout, score = old log-probs + critic values, advantages, update
-  = critic + actor with the soundness check, elsewhere = the rest of ``train_step``), old and new, and the ratio;
+- time: CPU seconds of this process (``time.process_time``: the time it ran, not the time it waited for a core on
+  a shared machine; with ``--threads 1`` the work done), median over the steps, of each phase (rollout, score = old
+  log-probs + critic values, advantages, update = critic + actor with the soundness check, elsewhere = the rest of
+  ``train_step``), old and new, and the ratio; and the wall seconds of a whole step;
 - arithmetic: FLOPs the phase needs for the batch's real tokens (linear layers, attention over each token's
   context, the output projection where logits are read; backward = 2x forward) and the bytes a decode step must
   read (weights + each row's cached keys/values);
-- bound: those FLOPs at the rate a matmul of the phase's shapes reaches here, measured in the same run
+- bound: those FLOPs at the rate a matmul of the phase's shapes reaches here, measured in the same run (CPU time)
   (``x[M, H] @ W.T`` for every weight of the model, M = the phase's rows), and the bytes at the copy bandwidth
   measured here; ``of bound`` = bound / time (1.0 = at the bound).
 
 The new trainer's sampler also keeps its log-probs (``rollout.sampler_logprobs`` would use them as the old
-log-probs); their gap to the scoring forward's is printed. ``--profile`` adds the top operations of each phase
-(``torch.profiler``, self CPU time) of one more new step. The samples of old and new are compared (identical tokens
+log-probs); their gap to the scoring forward's is printed. ``--profile`` adds the top operations of the rollout,
+score and update (``torch.profiler``, self CPU time) of one more step of each. ``--rollout-only``: the sampler alone
+(old against new, the same weights and seeds each time). The samples of old and new are compared (identical tokens
 per row) and so are the steps' metrics (their largest relative gap). Timings on a shared machine are noisy: read the
 ratios (interleaved), and the load printed at the start and the end.
 """
@@ -51,8 +54,15 @@ def load() -> str:
     return "load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
+def clock() -> float:
+    """This process's CPU seconds (all its threads): on a shared machine, the time it ran, not the time it waited
+    for a core (with ``--threads 1``, the work done)."""
+    return time.process_time()
+
+
 class PhaseTimer:
-    """Wraps the trainer's phase methods: seconds per phase of the last step; optional per-phase profiles."""
+    """Wraps the trainer's phase methods: CPU seconds (:func:`clock`) per phase of the last step, and wall seconds
+    of the whole step; optional per-phase profiles."""
 
     def __init__(self, tr, profile: bool = False):
         self.times: Dict[str, float] = {}
@@ -68,11 +78,11 @@ class PhaseTimer:
             prof = torch.profiler.profile() if self.profile else None
             if prof is not None:
                 prof.__enter__()
-            t = time.perf_counter()
+            t = clock()
             try:
                 return fn(*a, **k)
             finally:
-                self.times[name] = self.times.get(name, 0.0) + time.perf_counter() - t
+                self.times[name] = self.times.get(name, 0.0) + clock() - t
                 if prof is not None:
                     prof.__exit__(None, None, None)
                     self.profiles[name] = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=8)
@@ -81,13 +91,14 @@ class PhaseTimer:
 
     def step(self, tr) -> Dict[str, float]:
         self.times = {}
-        t = time.perf_counter()
+        t, wall = clock(), time.perf_counter()
         metrics = tr.train_step()
         tr.step += 1
-        total = time.perf_counter() - t
+        total = clock() - t
         out = {NAMES[k]: v for k, v in self.times.items()}
         out["elsewhere"] = total - sum(self.times.values())
         out["step"] = total
+        out["wall"] = time.perf_counter() - wall
         self.last_metrics = metrics
         return out
 
@@ -150,10 +161,10 @@ def matmul_rate(dims, rows: int, repeats: int = 5) -> float:
     flops = sum(2 * rows * i * o for i, o in shapes)
     ts = []
     for _ in range(repeats + 1):
-        t = time.perf_counter()
+        t = clock()
         for (i, _o), w in zip(shapes, ws):
             torch.nn.functional.linear(xs[i], w)
-        ts.append(time.perf_counter() - t)
+        ts.append(clock() - t)
     return flops / statistics.median(ts[1:])
 
 
@@ -163,9 +174,9 @@ def copy_bandwidth(mb: int = 256, repeats: int = 5) -> float:
     y = torch.empty_like(x)
     ts = []
     for _ in range(repeats + 1):
-        t = time.perf_counter()
+        t = clock()
         y.copy_(x)
-        ts.append(time.perf_counter() - t)
+        ts.append(clock() - t)
     return 2 * x.numel() * 4 / statistics.median(ts[1:])
 
 
@@ -203,6 +214,12 @@ def run_job(job: str, a) -> None:
         batches = {}
         for k in ("old", "new"):
             tr = trainers[k]
+            if a.rollout_only:  # the sampler alone: same weights every time, seeds of step 0
+                t = clock()
+                batches[k] = tr.rollout(0)
+                times[k].append({"rollout": clock() - t})
+                timers[k].last_metrics = {}
+                continue
             rollout = tr.rollout
             tr.rollout = lambda step, rollout=rollout, k=k: batches.setdefault(k, rollout(step))
             times[k].append(timers[k].step(tr))
@@ -233,9 +250,10 @@ def run_job(job: str, a) -> None:
           f"{rate_prefill / 1e9:.1f} at {int(statistics.mean(lengths)) * min(len(lengths), 64)} rows (prefill), "
           f"{rate_train / 1e9:.1f} at {int(statistics.mean(lengths)) * mb} rows (a micro-batch); copy {bw / 1e9:.1f} "
           f"GB/s")
-    print(f"{'phase':<11} {'old s':>8} {'new s':>8} {'old/new':>8} {'GFLOP':>8} {'MB read':>8} {'bound s':>8} "
+    print(f"{'phase':<11} {'old cpu':>8} {'new cpu':>8} {'old/new':>8} {'GFLOP':>8} {'MB read':>8} {'bound s':>8} "
           f"{'new of bound':>12}")
-    for phase in ("rollout", "filter", "score", "advantages", "update", "elsewhere", "step"):
+    for phase in ("rollout",) if a.rollout_only else ("rollout", "filter", "score", "advantages", "update",
+                                                      "elsewhere", "step"):
         o = statistics.median(t.get(phase, 0.0) for t in times["old"])
         n = statistics.median(t.get(phase, 0.0) for t in times["new"])
         flops, nbytes = ar.get(phase, (None, None))
@@ -254,12 +272,17 @@ def run_job(job: str, a) -> None:
         bs = f"{bound:8.2f}" if bound else f"{'':>8}"
         of = f"{bound / n:12.1%}" if bound and n > 0 else f"{'':>12}"
         print(f"{phase:<11} {o:8.2f} {n:8.2f} {ratio} {fl} {by} {bs} {of}")
-    print(f"({a.steps} step(s) each, medians; {load()})", flush=True)
+    wall_o = statistics.median(t.get("wall", 0.0) for t in times["old"])
+    wall_n = statistics.median(t.get("wall", 0.0) for t in times["new"])
+    print(f"(CPU seconds of this process; {a.steps} step(s) each, medians; wall seconds of a step: old {wall_o:.1f}, "
+          f"new {wall_n:.1f}; {load()})", flush=True)
     if a.profile:
-        timer = PhaseTimer(trainers["new"], profile=True)
-        timer.step(trainers["new"])
-        for phase, table in timer.profiles.items():
-            print(f"--- top operations, new {NAMES[phase]} (self CPU) ---\n{table}")
+        for k in ("old", "new"):
+            timer = PhaseTimer(trainers[k], profile=True)
+            timer.step(trainers[k])
+            for phase, table in timer.profiles.items():
+                if phase in ("rollout", "score", "sound_update"):
+                    print(f"--- top operations, {k} {NAMES[phase]} (self CPU) ---\n{table}")
 
 
 def main() -> None:
@@ -269,6 +292,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--rollout-only", action="store_true", help="time the rollout alone (old vs new sampler)")
     ap.add_argument("--set", action="append", default=[], help="more Hydra overrides (both trainers)")
     a = ap.parse_args()
     quiet_transformers()

@@ -403,10 +403,11 @@ class LocalSampler:
         if logps is not None:
             self.last_logprobs.extend(logps[b, :n].tolist() for b, n in enumerate(lengths.tolist()))
         if self.prefix_cache:
+            layers: dict = {}  # one (K, V) list per buffer, shared by its rows (the next prefill groups by it)
             for b, (p, r) in enumerate(zip(prompts, results)):
                 hb, hr = home[b]
                 n, c = int(n_len[b]), int(c_len[b])
                 slots = torch.cat([torch.arange(C - c, C), torch.arange(W - n, W + len(r) - 1)])
-                self._cached.append(_CachedRow(tuple(p) + tuple(r[:-1]), list(zip(hb.keys, hb.values)), hr,
-                                               slots))
+                lay = layers.setdefault(id(hb), list(zip(hb.keys, hb.values)))
+                self._cached.append(_CachedRow(tuple(p) + tuple(r[:-1]), lay, hr, slots))
         return results
