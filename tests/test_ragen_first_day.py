@@ -318,7 +318,7 @@ def test_a_tag_nowhere_gets_our_message_not_hydras():
 
 
 # a line may stop only naming the replacement: these keys are refused here with our message
-REFUSED_IN_LINES = ("algorithm.kl_ctrl.kl_coef=", "trainer.n_gpus_per_node=", "tensor_model_parallel_size=",
+REFUSED_IN_LINES = ("trainer.n_gpus_per_node=", "tensor_model_parallel_size=",
                     "lora.rank=", "--config-name webshop_3b_train")
 
 
