@@ -243,8 +243,7 @@ def _algorithm_pieces(cfg: DictConfig) -> List[str]:
                    f"set it to 0")
     if cfg.engine.name != "local":  # keys that only the local engine reads
         a = cfg.actor_rollout_ref.actor
-        for name, value in (("trainer.resume_from", cfg.trainer.resume_from),
-                            ("actor_rollout_ref.actor.max_update_kl", a.max_update_kl)):
+        for name, value in (("actor_rollout_ref.actor.max_update_kl", a.max_update_kl),):
             if value is not None:
                 out.append(f"{name}={value}: engine=local only (set it to null for engine={cfg.engine.name})")
     if cfg.es_manager.train.group_size < spec.min_group_size:

@@ -1396,7 +1396,7 @@ def test_verl_files_reach_verls_unpickling_loader_only_verified(model_dir, tmp_p
     t, _ = _trainer_with_fake_workers(model_dir, tmp_path, "grpo", "trainer.resume=true")
     assert t._load_checkpoint() == 1 and t.actor_rollout_wg.loaded.endswith("global_step_1/actor")
     assert "actor/extra_state_planted.pt is not listed in complete.json" in capsys.readouterr().out
-    # the refusal's advice works on verl too: trainer.resume_from names the verified checkpoint (it was ignored)
+    # the refusal's advice works on verl too: trainer.resume_from names the verified checkpoint (it was refused)
     (copy / "global_step_2" / "complete.json").unlink()
     with pytest.raises(UnverifiedCheckpoint) as e:
         _trainer_with_fake_workers(model_dir, copy, "grpo", "trainer.resume=true")[0]._load_checkpoint()
