@@ -274,8 +274,8 @@ def run_job(job: str, a) -> None:
         print(f"{phase:<11} {o:8.2f} {n:8.2f} {ratio} {fl} {by} {bs} {of}")
     wall_o = statistics.median(t.get("wall", 0.0) for t in times["old"])
     wall_n = statistics.median(t.get("wall", 0.0) for t in times["new"])
-    print(f"(CPU seconds of this process; {a.steps} step(s) each, medians; wall seconds of a step: old {wall_o:.1f}, "
-          f"new {wall_n:.1f}; {load()})", flush=True)
+    walls = "" if a.rollout_only else f"wall seconds of a step: old {wall_o:.1f}, new {wall_n:.1f}; "
+    print(f"(CPU seconds of this process; {a.steps} step(s) each, medians; {walls}{load()})", flush=True)
     if a.profile:
         for k in ("old", "new"):
             timer = PhaseTimer(trainers[k], profile=True)
