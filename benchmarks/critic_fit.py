@@ -16,7 +16,7 @@ every response token, gamma 1). After each epoch: explained variance on the trai
 Variants (``--variants``; each a label and options):
 
 - ``lr=X``: the critic's lr (AdamW, the trainer's critic optimizer settings otherwise);
-- ``clip=X|none``: ``critic.cliprange_value`` (none: no value clipping);
+- ``clip=X|none``: ``critic.cliprange_value`` (none: null, no value clipping);
 - ``norm``: targets standardised by the training set's mean and std (the critic fits (G - mean) / std; its values
   are mapped back before the explained variance);
 - ``start=actor`` (the actor's weights and a new zero head, as verl and the trainers start) | ``start=probe`` (the
@@ -120,50 +120,24 @@ def explained_var(trainer, batches, cfg, mean, std) -> float:
     return explained_variance(v, g, torch.ones_like(v))
 
 
-def fit_probe(trainer, batches, mean: float, std: float, ridge: float = 1e-3) -> None:
-    """The value head by ridge least squares on the frozen backbone's last hidden state at the training positions
-    (position t - 1 for the value before token t, the shared layout), targets standardised as the variant's."""
-    from ragen_turn.algos import turn_boundaries
-
-    critic, level = trainer.critic, trainer.cfg.critic.level
-    X, Y = [], []
-    critic.eval()
-    with torch.no_grad():
-        for b in batches:
-            for idx in b.micro_batches(trainer.cfg.micro_batch_size_per_gpu):
-                mb = b.select(idx)
-                h = critic.backbone(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
-                                    position_ids=mb.position_ids, use_cache=False).last_hidden_state.float()
-                h = torch.nn.functional.pad(h[:, :-1], (0, 0, 1, 0))  # [b, T, H]: the state before token t
-                if level == "turn":
-                    starts, _ = turn_boundaries(mb.turn_ids, mb.turn_mask.shape[1])
-                    on = mb.turn_mask.bool()
-                    feats = h.gather(1, starts[..., None].expand(-1, -1, h.shape[-1]))[on]
-                    ys = mb.turn_returns[on]
-                else:
-                    on = mb.response_mask.bool()
-                    feats, ys = h[on], mb.returns[on]
-                X.append(feats.double())
-                Y.append(ys.double())
-    X, Y = torch.cat(X), torch.cat(Y)
-    Xb = torch.cat([X, torch.ones(len(X), 1, dtype=X.dtype)], dim=1)
-    A = Xb.T @ Xb + ridge * len(X) * torch.eye(Xb.shape[1], dtype=X.dtype)
-    w = torch.linalg.solve(A, Xb.T @ Y)
-    with torch.no_grad():
-        critic.value_head.weight.copy_(w[:-1].float()[None])
-        critic.value_head.bias.copy_(w[-1:].float())
+def fit_probe(trainer, batches) -> None:
+    """The value head by ridge least squares (``CriticModel.fit_head``, what ``critic.head_init=fit`` does) on the
+    frozen backbone's states at the training positions of every batch (``StarPOTrainer.critic_features``), against
+    the targets set on them (standardised as the variant's)."""
+    X, y = zip(*[trainer.critic_features(b) for b in batches])
+    trainer.critic.fit_head(torch.cat(X).to(trainer.device), torch.cat(y).to(trainer.device))
 
 
-def run_variant(label: str, opts: dict, trainer, train, heldout, epochs: int) -> list:
-    """Fit a fresh critic on ``train`` (a list of batches) for ``epochs``; one row per epoch (0 = the start)."""
+def run_variant(label: str, opts: dict, trainer, train, heldout, epochs: int, clip0) -> list:
+    """Fit a fresh critic on ``train`` (a list of batches) for ``epochs``; one row per epoch (0 = the start).
+    ``clip0``: the config's ``critic.cliprange_value`` (each variant sets its own on the trainer's config)."""
     from ragen_turn.models import CriticModel
 
     cfg = trainer.cfg
     c = cfg.critic
     lr = opts["lr"] if opts["lr"] is not None else float(c.optim.lr)
-    # value clipping: the trainer's loss reads critic.cliprange_value (none: a range no update reaches)
-    c.cliprange_value = float(c.cliprange_value) if opts["clip"] == "config" else \
-        (1e9 if opts["clip"] == "none" else float(opts["clip"]))
+    # value clipping: the trainer's loss reads critic.cliprange_value (set per variant; "config": the setting's)
+    c.cliprange_value = clip0 if opts["clip"] == "config" else (None if opts["clip"] == "none" else float(opts["clip"]))
     torch.manual_seed(0)
     trainer.critic = CriticModel.from_causal_lm(trainer.actor).to(trainer.device)
     head = list(trainer.critic.value_head.parameters())
@@ -184,7 +158,7 @@ def run_variant(label: str, opts: dict, trainer, train, heldout, epochs: int) ->
     for b in train:
         set_targets(b, cfg, mean, std)
     if opts["start"] == "probe":
-        fit_probe(trainer, train, mean, std)
+        fit_probe(trainer, train)
     from ragen_turn.algos import explained_variance
 
     rows = []
@@ -277,9 +251,10 @@ def main(argv=None):
               f"{len(G)}, mean {G.mean():.3f} std {G.std():.3f} range [{G.min():.2f}, {G.max():.2f}]; held-out "
               f"{len(Gh)}, mean {Gh.mean():.3f} std {Gh.std():.3f}", flush=True)
         print(f"{'variant':24s} held-out explained variance by epoch (train at the last)")
+        clip0 = trainer.cfg.critic.cliprange_value
         for label, opts in variants.items():
             rows = run_variant(label, opts, trainer, [copy.deepcopy(b) for b in train], copy.deepcopy(heldout),
-                               args.epochs)
+                               args.epochs, clip0)
             for r in rows:
                 r.update(setting=args.setting, seed=args.seed)
             all_rows.extend(rows)

@@ -470,11 +470,16 @@ class StarPOTrainer:
             loss = loss + a.kl_loss_coef * kl
         return loss, metrics
 
-    @torch.no_grad()
     def fit_critic_head(self, batch: Trajectory) -> None:
-        """``critic.head_init=fit``: the value head by least squares (:meth:`CriticModel.fit_head`) on the frozen
-        backbone's hidden states where the critic reads its values (the state before each target: turn starts or
-        response tokens) against the batch's targets (``critic_targets``)."""
+        """``critic.head_init=fit``: the value head by least squares (:meth:`CriticModel.fit_head`) on
+        :meth:`critic_features` of ``batch``."""
+        self.critic.fit_head(*(t.to(self.device) for t in self.critic_features(batch)))
+
+    @torch.no_grad()
+    def critic_features(self, batch: Trajectory):
+        """``(X [N, H], y [N])`` on the CPU: the critic backbone's last hidden states where the critic reads its values
+        (the state before each target: turn starts or response tokens) and the batch's targets there
+        (``critic_targets``), in row order."""
         level = self.cfg.critic.level
         feats, ys = [], []
         self.critic.eval()
@@ -491,7 +496,7 @@ class StarPOTrainer:
             on = mask.bool()
             feats.append(hidden[on].cpu())
             ys.append(returns[on].float().cpu())
-        self.critic.fit_head(torch.cat(feats).to(self.device), torch.cat(ys).to(self.device))
+        return torch.cat(feats), torch.cat(ys)
 
     def critic_step_loss(self, mb: Trajectory, counts: Optional[GlobalCounts] = None):
         values = self.critic_values(mb.input_ids, mb.attention_mask, mb.position_ids)
