@@ -483,9 +483,10 @@ def run_files(out_dir: PathLike) -> List[Path]:
 RUN_RECORDS = (METRICS_FILE, CONFIG_FILE, "configs.jsonl", "provenance.json")
 # every name a run of ours writes in its directory: the trainers (both engines), eval.sh, the report, wandb
 _OURS = re.compile(r"^(?:metrics\.jsonl|config\.yaml|configs\.jsonl|provenance\.json|val_generations\.jsonl"
+                   r"|trace\.jsonl|inspect\.html"
                    r"|error\.log|checkpoints|wandb|report|eval|eval_[^/]*\.json|latest_checkpointed_iteration\.txt"
                    r"|(?:\.(?:tmp|del)_)?global_step_\d+"
-                   r"|\.(?:metrics\.jsonl|config\.yaml|configs\.jsonl|provenance\.json|val_generations\.jsonl"
+                   r"|\.(?:metrics\.jsonl|config\.yaml|configs\.jsonl|provenance\.json|val_generations\.jsonl|trace\.jsonl"
                    r"|latest_checkpointed_iteration\.txt)\.tmp-\d+|\.ragen_turn_write_probe\w*)$")
 # inside checkpoints/: step directories (staged, being deleted), the pointers and their temp files
 _OURS_IN_CHECKPOINTS = re.compile(r"^(?:(?:\.(?:tmp|del)_)?(?:global_)?step_\d+|latest|last_good"
