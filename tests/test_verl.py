@@ -975,6 +975,7 @@ def test_verl_advantages_equal_the_local_engines(model_dir, algo):
 
     t = StarPOTrainer.__new__(StarPOTrainer)
     t.rcfg = vcfg.ragen
+    t.reward_kl_ctrl = None  # no KL in the reward (algorithm.use_kl_in_reward=false)
     traj = to_trajectory(out)
     t.compute_advantages(out, traj)
 
