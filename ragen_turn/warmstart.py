@@ -451,6 +451,9 @@ def warmstart_notice(cfg: DictConfig, log=print) -> Dict[str, Any]:
     plan = warmstart_plan(cfg)
     if not plan:
         return plan
+    from ragen_turn.rollout.context import check_context_fits
+
+    check_context_fits(cfg, plan["tokenizer"])  # a context too small for any first turn stops before the probe
     secs = probe_seconds(cfg, plan)
     what = []
     if "copy" in plan:
