@@ -318,9 +318,11 @@ def _turn_rows(turn_ids: torch.Tensor, H: int, *xs: torch.Tensor):
 @torch.no_grad()
 def grpo_advantage(*, turn_rewards: torch.Tensor, turn_mask: torch.Tensor, turn_ids: torch.Tensor,
                    response_mask: torch.Tensor, group_ids: Optional[torch.Tensor], values: Optional[torch.Tensor],
-                   config: Any, bootstrap_values: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+                   config: Any, bootstrap_values: Optional[torch.Tensor] = None,
+                   token_rewards: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """GRPO: the episode's group-normalised return on every response token; returns = advantages (no critic)."""
     _check_bootstrap("grpo", bootstrap_values)
+    _check_token_rewards("grpo", token_rewards)
     scores = turn_rewards.sum(dim=1)
     adv = compute_grpo_advantages(scores, group_ids, norm_by_std=bool(cfg_get(config, "norm_adv_by_std_in_grpo", True)))
     advantages = adv[:, None] * response_mask
@@ -350,9 +352,11 @@ def token_gae_advantage(*, turn_rewards: torch.Tensor, turn_mask: torch.Tensor, 
 def bi_level_gae_advantage(*, turn_rewards: torch.Tensor, turn_mask: torch.Tensor, turn_ids: torch.Tensor,
                            response_mask: torch.Tensor, group_ids: Optional[torch.Tensor],
                            values: Optional[torch.Tensor], config: Any,
-                           bootstrap_values: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+                           bootstrap_values: Optional[torch.Tensor] = None,
+                           token_rewards: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """RAGEN's bi-level GAE (:func:`compute_bi_level_gae`; ``bi_level_gae_turn_ends``: mask | rewards)."""
     _check_bootstrap("bi_level_gae", bootstrap_values)
+    _check_token_rewards("bi_level_gae", token_rewards)
     adv, ret = compute_bi_level_gae(turn_rewards, values, response_mask, float(cfg_get(config, "gamma", 1.0)),
                                     float(cfg_get(config, "lam", 1.0)),
                                     float(cfg_get(config, "high_level_gamma", 0.95)),
@@ -364,13 +368,14 @@ def bi_level_gae_advantage(*, turn_rewards: torch.Tensor, turn_mask: torch.Tenso
 @torch.no_grad()
 def turn_gae_advantage(*, turn_rewards: torch.Tensor, turn_mask: torch.Tensor, turn_ids: torch.Tensor,
                        response_mask: torch.Tensor, group_ids: Optional[torch.Tensor], values: Optional[torch.Tensor],
-                       config: Any, bootstrap_values: Optional[torch.Tensor] = None
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
+                       config: Any, bootstrap_values: Optional[torch.Tensor] = None,
+                       token_rewards: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Turn-PPO's turn GAE, the one pipeline both engines run: V(s_h) = the value at turn h's first token
     (0 without a critic), :func:`compute_turn_gae` over the turns, whitened over turns (each turn is one
     sample of the turn-MDP), then turn h's advantage on every token of turn h ``[B, T]``; the returns stay per
     turn ``[B, H]`` (return_h: the turn critic's targets, ``critic_level="turn"``).
     """
+    _check_token_rewards("turn_gae", token_rewards)
     H = turn_mask.shape[1]
     turn_values = turn_start_values(values.float(), turn_ids, H) if values is not None \
         else torch.zeros_like(turn_rewards, dtype=torch.float32)
@@ -386,6 +391,13 @@ def _check_bootstrap(name: str, bootstrap_values: Optional[torch.Tensor]) -> Non
     if bootstrap_values is not None and not adv_estimator_spec(name).bootstraps:
         raise ValueError(f"algorithm.adv_estimator={name} does not bootstrap truncated episodes "
                          f"(algorithm.bootstrap_truncated needs one of {bootstrapping_estimators()})")
+
+
+def _check_token_rewards(name: str, token_rewards: Optional[torch.Tensor]) -> None:
+    """``token_rewards`` given to an estimator whose registry entry does not take per-token rewards (the caller,
+    ``engines/advantages.compute_advantages``, sums them into the turn rewards for those)."""
+    if token_rewards is not None and not adv_estimator_spec(name).token_rewards:
+        raise ValueError(f"algorithm.adv_estimator={name} takes no per-token rewards: sum them into turn_rewards")
 
 
 def bootstrapping_estimators() -> list:
