@@ -53,3 +53,31 @@ def tiny_tokenizer():
     _, tok = load_model_and_tokenizer(dict(name="tiny", hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                                            num_key_value_heads=1, intermediate_size=64))
     return tok
+
+
+def metrics_rows(run_dir) -> list:
+    """Every line of ``<run_dir>/metrics.jsonl``, parsed."""
+    import json
+    from pathlib import Path
+
+    return [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+
+
+def resume_vs_uninterrupted(tmp_path, common, stop_at: int):
+    """The same micro run twice: uninterrupted (``tmp_path/full``), and stopped after step ``stop_at`` then resumed
+    by a fresh trainer (``tmp_path/part``, as a killed run restarted). ``common`` must set the total steps and
+    ``trainer.save_freq=1``. Returns (full trainer, resumed trainer, full's metrics rows, part's)."""
+    from ragen_turn.engines.local.trainer import build_trainer
+
+    def quiet(*a, **k):
+        pass
+
+    full = build_trainer(micro_config(common, run_dir=tmp_path / "full"), log=quiet)
+    full.fit()
+    part = build_trainer(micro_config(list(common) + [f"trainer.total_training_steps={stop_at}"],
+                                      run_dir=tmp_path / "part"), log=quiet)
+    part.fit()
+    resumed = build_trainer(micro_config(list(common) + ["trainer.resume=true"], run_dir=tmp_path / "part"), log=quiet)
+    assert resumed.step == stop_at
+    resumed.fit()
+    return full, resumed, metrics_rows(tmp_path / "full"), metrics_rows(tmp_path / "part")

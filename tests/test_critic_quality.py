@@ -6,7 +6,7 @@ import torch
 from ragen_turn.engines.advantages import heldout_critic_explained_var, realised_returns
 from ragen_turn.rollout import Trajectory
 
-from helpers import micro_config
+from helpers import micro_config, resume_vs_uninterrupted
 
 
 def _quiet(*a, **k):
@@ -98,25 +98,9 @@ def test_no_critic_no_heldout_explained_variance(tmp_path):
 def test_a_resumed_run_with_a_critic_warmup_gives_the_metrics_of_an_uninterrupted_one(tmp_path):
     """trainer.critic_warmup=3 (steps 1-2 train only the critic), stopped after step 2, inside the warm-up, and
     resumed: every metric of every step (held-out critic quality included) is the uninterrupted run's."""
-    import json
-
-    from ragen_turn.engines.local.trainer import build_trainer
-
     common = ["algo=turn_ppo", "trainer.critic_warmup=3", "trainer.save_freq=1", "trainer.test_freq=2",
               "trainer.total_training_steps=4"]
-    full = build_trainer(micro_config(common, run_dir=tmp_path / "full"), log=_quiet)
-    full.fit()
-    part = build_trainer(micro_config(common + ["trainer.total_training_steps=2"], run_dir=tmp_path / "part"),
-                         log=_quiet)
-    part.fit()
-    resumed = build_trainer(micro_config(common + ["trainer.resume=true"], run_dir=tmp_path / "part"), log=_quiet)
-    assert resumed.step == 2
-    resumed.fit()
-
-    def rows(p):
-        return [json.loads(line) for line in (p / "metrics.jsonl").read_text().splitlines()]
-
-    a, b = rows(tmp_path / "full"), rows(tmp_path / "part")
+    full, resumed, a, b = resume_vs_uninterrupted(tmp_path, common, stop_at=2)
     assert [r["step"] for r in a] == [r["step"] for r in b] == [0, 1, 2, 3, 4]
     assert [r.get("actor/critic_warmup", 0.0) for r in a[1:]] == [1.0, 1.0, 0.0, 0.0]
     assert all("val/critic_explained_var" in a[i] for i in (0, 2, 4))

@@ -12,7 +12,7 @@ from ragen_turn.config import validate_config
 from ragen_turn.engines.local.trainer import StarPOTrainer, build_trainer, warmup_lr_factor
 from ragen_turn.warmstart import collect_demonstrations
 
-from helpers import TEST_DEVICE, micro_config
+from helpers import TEST_DEVICE, micro_config, resume_vs_uninterrupted
 
 ALGOS = ["grpo", "token_ppo", "bi_level_gae", "s_ppo", "turn_ppo", "turn_ppo_geo", "turn_is", "st_ppo", "so_ppo",
          "so_grpo"]
@@ -356,20 +356,8 @@ RESUME_RTOL, RESUME_ATOL = (1e-6, 1e-7) if TEST_DEVICE == "cpu" else (1e-4, 1e-5
 
 def test_resume_after_kill_matches_uninterrupted_run(tmp_path):
     common = ["algo=turn_ppo", "trainer.save_freq=1", "trainer.total_training_steps=3"]
-    full = build_trainer(micro_config(common, run_dir=tmp_path / "full"), log=_quiet)
-    full.fit()
     # "killed" after step 2: a run that stops there, then a fresh process resumes it
-    part = build_trainer(micro_config(common + ["trainer.total_training_steps=2"], run_dir=tmp_path / "part"),
-                         log=_quiet)
-    part.fit()
-    resumed = build_trainer(micro_config(common + ["trainer.resume=true"], run_dir=tmp_path / "part"), log=_quiet)
-    assert resumed.step == 2
-    resumed.fit()
-
-    def rows(p):
-        return [json.loads(l) for l in (p / "metrics.jsonl").read_text().splitlines()]
-
-    a, b = rows(tmp_path / "full"), rows(tmp_path / "part")
+    full, resumed, a, b = resume_vs_uninterrupted(tmp_path, common, stop_at=2)
     assert [r["step"] for r in a] == [r["step"] for r in b] == [0, 1, 2, 3]
     for ra, rb in zip(a, b):
         for k in ra:

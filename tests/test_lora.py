@@ -12,7 +12,7 @@ from ragen_turn.config import model_config
 from ragen_turn.engines.local.trainer import build_trainer
 from ragen_turn.models import load_model_and_tokenizer, sequence_logprobs
 
-from helpers import micro_config
+from helpers import micro_config, resume_vs_uninterrupted
 from test_local_engine import RESUME_ATOL, RESUME_RTOL, mixed_policy
 
 pytest.importorskip("peft")
@@ -89,19 +89,7 @@ def test_lora_trains_only_the_adapter_and_saves_a_merged_model(tmp_path):
 
 def test_lora_resume_matches_the_uninterrupted_run(tmp_path):
     common = LORA + ["algo=turn_ppo", "trainer.save_freq=1", "trainer.total_training_steps=3"]
-    full = build_trainer(micro_config(common, run_dir=tmp_path / "full"), log=_quiet)
-    full.fit()
-    part = build_trainer(micro_config(common + ["trainer.total_training_steps=2"], run_dir=tmp_path / "part"),
-                         log=_quiet)
-    part.fit()
-    resumed = build_trainer(micro_config(common + ["trainer.resume=true"], run_dir=tmp_path / "part"), log=_quiet)
-    assert resumed.step == 2
-    resumed.fit()
-
-    def rows(p):
-        return [json.loads(line) for line in (p / "metrics.jsonl").read_text().splitlines()]
-
-    a, b = rows(tmp_path / "full"), rows(tmp_path / "part")
+    full, resumed, a, b = resume_vs_uninterrupted(tmp_path, common, stop_at=2)
     assert [r["step"] for r in a] == [r["step"] for r in b] == [0, 1, 2, 3]
     for ra, rb in zip(a, b):
         for k in ra:
