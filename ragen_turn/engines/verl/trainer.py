@@ -278,6 +278,7 @@ class StarPOTrainer(RayPPOTrainer):
         metrics = episode_metrics(traj, "val")
         if self.use_critic:  # the critic on the held-out episodes, replicas asleep as for a training step's scoring
             self.checkpoint_manager.sleep_replicas()
+            out.meta_info["temperature"] = self.config.actor_rollout_ref.rollout.temperature  # verl's engine reads it
             traj.values = self._compute_values(out).batch["values"].float() * traj.response_mask
             self.checkpoint_manager.update_weights(self.global_steps)  # awake again, at the actor's weights
             metrics["val/critic_explained_var"] = heldout_critic_explained_var(traj, self.rcfg)
