@@ -684,6 +684,16 @@ def test_prefix_cache_gives_the_same_episodes_as_fresh_prefills(temperature, mic
     assert runs[True][2] == []  # the cache is dropped when the rollout ends
 
 
+def _trainer_with_uneven_turns(cfg):
+    """A micro trainer whose end-of-message token is likelier, so a batch's turns end at different steps (the
+    sampler tests' rows of different lengths)."""
+    tr = build_trainer(cfg, log=_quiet)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        tr.actor.get_input_embeddings().weight[tr.tokenizer.eos_token_id] *= 50.0
+    return tr
+
+
 @pytest.mark.parametrize("decode", ["static", "compiled"])
 @pytest.mark.parametrize("cached", [False, True])
 def test_static_and_compiled_decode_sample_what_the_dynamic_cache_samples(decode, cached):
@@ -695,10 +705,7 @@ def test_static_and_compiled_decode_sample_what_the_dynamic_cache_samples(decode
 
     cfg = micro_config(["agent_proxy.max_turn=3", "actor_rollout_ref.rollout.response_length=10",
                         "es_manager.train.env_groups=3", "es_manager.train.group_size=2"])
-    tr = build_trainer(cfg, log=_quiet)
-    torch.manual_seed(0)
-    with torch.no_grad():  # a likelier end-of-message token: turns end at different steps
-        tr.actor.get_input_embeddings().weight[tr.tokenizer.eos_token_id] *= 50.0
+    tr = _trainer_with_uneven_turns(cfg)
     runs, logits = {}, {}
     for how in ("dynamic", decode):
         sampler = LocalSampler(tr.actor, tr.tokenizer, temperature=1.0, micro_batch_size=4, decode=how,
@@ -757,10 +764,7 @@ def test_lean_forward_samples_what_the_model_forward_samples(cached, micro, arch
     cfg = micro_config(["agent_proxy.max_turn=3", "actor_rollout_ref.rollout.response_length=10",
                         "es_manager.train.env_groups=4", "es_manager.train.group_size=2", f"model.arch={arch}",
                         "model.num_attention_heads=4", "model.num_key_value_heads=2"])
-    tr = build_trainer(cfg, log=_quiet)
-    torch.manual_seed(0)
-    with torch.no_grad():  # a likelier end-of-message token: turns end at different steps
-        tr.actor.get_input_embeddings().weight[tr.tokenizer.eos_token_id] *= 50.0
+    tr = _trainer_with_uneven_turns(cfg)
     runs, logits = {}, {}
     for lean in (False, True):
         sampler = LocalSampler(tr.actor, tr.tokenizer, temperature=1.0, micro_batch_size=micro, lean=lean,
