@@ -373,8 +373,8 @@ def _tiny_parts(cfg: DictConfig):
     if str(cfg.model.get("name")) != "tiny" or cfg.model.get("path"):
         return None
     model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
-    if model_cfg.get("pinned_cache"):  # committed models count as built (resolve_model_path copies them first)
-        seed_cache(model_cfg["pinned_cache"], model_cfg, log=_silent)
+    if model_cfg.get("pinned_cache"):  # committed models count as built: copied here, said once (see seed_cache)
+        seed_cache(model_cfg["pinned_cache"], model_cfg)
     tcfg = tiny.tiny_config(model_cfg)
     path = default_cache_root(model_cfg) / f"tiny-{tiny.config_hash(tcfg)}"
     return tcfg, path, (path / MARKER_FILE).is_file()

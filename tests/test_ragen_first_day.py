@@ -410,3 +410,19 @@ def test_a_warm_start_is_announced_before_it_starts_with_its_time_and_skip_keys(
     assert "on this machine" in said and "model.copy_pretrain_steps=0 model.warmstart.enable=false" in said
     again = []
     assert warmstart_notice(micro_config(over, run_dir=tmp_path / "run2"), log=again.append) == {} and again == []
+
+
+def test_the_committed_warm_start_is_copied_and_said_not_announced_as_a_build(tmp_path, monkeypatch, capsys):
+    """The main job on an empty cache: the committed model and warm start (model.pinned_cache) are copied, each copy
+    said once ("copied the committed ..."), and no build is announced (.ci/run greps the first line)."""
+    from ragen_turn.compose import compose_config
+    from ragen_turn.warmstart import warmstart_notice
+
+    monkeypatch.setenv("RAGEN_TURN_CACHE_DIR", str(tmp_path / "cache"))
+    cfg = compose_config(["env=sokoban", "algo=turn_ppo", f"trainer.default_local_dir={tmp_path / 'run'}"])
+    assert warmstart_notice(cfg) == {}
+    out = capsys.readouterr().out
+    assert "copied the committed warmstart" in out and "copied the committed model tiny-" in out, out
+    assert "[warmstart] before step 1" not in out, out
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == sorted(
+        p.name for p in (ROOT / cfg.model.pinned_cache).iterdir()), out
