@@ -19,6 +19,7 @@ from typing import Any, Dict, FrozenSet, Optional
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from ragen_turn.config import kept_batch_size, policy_loss_config, validate_config
+from ragen_turn.schema import policy_loss_knobs
 
 # every Ray worker imports these at `import verl` (VERL_USE_EXTERNAL_MODULES); the CPU platform first, so it
 # exists before anything asks verl for one
@@ -294,6 +295,14 @@ def lora_model_keys(ar: DictConfig) -> Dict[str, Any]:
             "target_modules": target if isinstance(target, str) else list(target), "lora": {"merge": True}}
 
 
+def verl_policy_loss_knobs(cfg: DictConfig) -> Dict[str, Any]:
+    """Our losses' knobs for verl's ``actor.policy_loss`` (``register.RagenPolicyLossConfig`` takes them): every
+    knob of the schema's ``PolicyLossConfig``, as the local engine's loss reads them (``policy_loss_config``:
+    ``loss_scale_factor``'s null is max_turn x response_length there)."""
+    loss = policy_loss_config(cfg)
+    return {k: loss.get(k) for k in policy_loss_knobs()}
+
+
 def to_verl_config(cfg: DictConfig, model_path: Optional[str] = None,
                    host: Optional[Host] = None) -> DictConfig:
     """Map our resolved config onto verl's. ``model_path`` defaults to ``model.path``.
@@ -363,17 +372,7 @@ def to_verl_config(cfg: DictConfig, model_path: Optional[str] = None,
                 "policy_loss": {
                     "_target_": "ragen_turn.engines.verl.register.RagenPolicyLossConfig",
                     "loss_mode": str(a.policy_loss.loss_mode),
-                    "ratio_mode": a.policy_loss.get("ratio_mode"),
-                    "clip_bias": bool(a.policy_loss.get("clip_bias", False)),
-                    "clip_bias_level": str(a.policy_loss.get("clip_bias_level", "sample")),
-                    "clip_bias_stat": str(a.policy_loss.get("clip_bias_stat", "mass")),
-                    "clip_bias_threshold": a.policy_loss.get("clip_bias_threshold"),
-                    "loss_agg_mode": a.policy_loss.get("loss_agg_mode"),
-                    "turn_band": str(a.policy_loss.get("turn_band", "fixed")),
-                    "token_band": bool(a.policy_loss.get("token_band", False)),
-                    "token_clip_low": float(a.policy_loss.get("token_clip_low", 0.2)),
-                    "token_clip_high": float(a.policy_loss.get("token_clip_high", 0.28)),
-                    "loss_scale_factor": policy_loss_config(cfg)["loss_scale_factor"],
+                    **verl_policy_loss_knobs(cfg),
                 },
                 "fsdp_config": fsdp,
             },
