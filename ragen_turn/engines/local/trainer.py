@@ -49,7 +49,7 @@ from ragen_turn.config import FilterSpec
 from ragen_turn.engines.advantages import (advantage_metrics, compute_advantages, critic_targets, critic_values,
                                            heldout_critic_explained_var, reward_kl_penalty, score_metrics)
 from ragen_turn.engines.rollout_filter import filter_rows
-from ragen_turn.engines.trace import TRACE_FILE, EpisodeTracer, trace_rows
+from ragen_turn.engines.trace import EpisodeTracer, trace_rows
 from ragen_turn.engines.rundir import (
     DiskFull,
     TrainingStopped,
@@ -61,7 +61,6 @@ from ragen_turn.engines.rundir import (
     writing,
 )
 from ragen_turn.engines.runlog import (
-    GENERATIONS_FILE,
     append_metrics,
     with_ragen_names,
     episode_metrics,
@@ -73,6 +72,7 @@ from ragen_turn.engines.runlog import (
     val_split_name,
     write_generations,
 )
+from ragen_turn.runfiles import CHECKPOINTS_DIR, GENERATIONS_FILE, METRICS_FILE, TRACE_FILE
 from ragen_turn.runtime import derived_seed, eta, fmt_duration, pick_device, seed_everything
 from ragen_turn.models import CriticModel, load_model_and_tokenizer, logprobs_and_hidden, sequence_logprobs
 from ragen_turn.models.lora import lora_of
@@ -123,7 +123,7 @@ class StarPOTrainer:
         self.out_dir = Path(cfg.trainer.default_local_dir)
         # writable, ours alone, no earlier run unless resume/overwrite; trainer.overwrite=true: its files go first
         self.lock = take_run_dir(cfg, log=log)
-        self.ckpt_dir = self.out_dir / "checkpoints"
+        self.ckpt_dir = self.out_dir / CHECKPOINTS_DIR
         ckpt.clean(self.ckpt_dir, log=log)  # what a run killed while writing or deleting a checkpoint left
         if not cfg.trainer.resume and ckpt.step_dirs(self.ckpt_dir):  # its step dirs and pointers only
             ckpt.remove_all(self.ckpt_dir)
@@ -191,7 +191,7 @@ class StarPOTrainer:
         self.update_trace: Dict[str, List[Dict[str, float]]] = {}  # each update's mini-batch metrics, in order
         self.nonfinite_in_a_row = 0
         self.unconfirmed: Optional[Path] = None  # the last checkpoint, until the step after it updates soundly
-        self.metrics_path = self.out_dir / "metrics.jsonl"
+        self.metrics_path = self.out_dir / METRICS_FILE
         self.wandb = None
         if cfg.trainer.resume:
             self.load_checkpoint()

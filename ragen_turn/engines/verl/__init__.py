@@ -23,6 +23,7 @@ import os
 from typing import Any, Dict, Iterator
 
 from ragen_turn.engines.rundir import RunAborted
+from ragen_turn.runfiles import ERROR_LOG, METRICS_FILE
 
 VERL_VERSION = "0.9.1"
 INSTALL_HINT = ("engine=verl needs verl {v}: pip install -e '.[verl]' (CPU: verl with the CPU torch) or "
@@ -210,7 +211,7 @@ def run_failure(e: BaseException, out_dir: Any) -> BaseException:
         return DiskFull(path, f"; {note}")
     if isinstance(cause, (TrainingStopped, ValueError, FileNotFoundError, FileExistsError)):
         return cause
-    log = out_dir / "error.log"
+    log = out_dir / ERROR_LOG
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         with open(log, "a") as f:
@@ -261,7 +262,7 @@ def launch(cfg: Any) -> Dict[str, float]:
         finally:
             if started and ray.is_initialized():
                 ray.shutdown()
-    metrics = Path(vcfg.ragen.trainer.default_local_dir) / "metrics.jsonl"
+    metrics = Path(vcfg.ragen.trainer.default_local_dir) / METRICS_FILE
     lines = metrics.read_text().splitlines() if metrics.is_file() else []
     last = json.loads(lines[-1]) if lines else {}
     # Ray may drop a worker's last printed lines when the cluster stops: say where the run ended from here

@@ -51,10 +51,11 @@ from ragen_turn.engines.advantages import (advantage_metrics, compute_advantages
                                            heldout_critic_explained_var, normalized_turn_rewards, reward_kl_penalty)
 from ragen_turn.engines.rollout_filter import filter_rows, pad_rows
 from ragen_turn.engines.rundir import crash_point, identity_of, record_config, run_complete, writing
-from ragen_turn.engines.trace import TRACE_FILE, EpisodeTracer, trace_rows
+from ragen_turn.engines.trace import EpisodeTracer, trace_rows
+from ragen_turn.runfiles import GENERATIONS_FILE, METRICS_FILE, TRACE_FILE
 from ragen_turn.runtime import derived_seed
 from ragen_turn.engines.runlog import (
-    GENERATIONS_FILE, append_metrics, episode_metrics, progress_line, record_provenance, run_header, truncate_metrics,
+    append_metrics, episode_metrics, progress_line, record_provenance, run_header, truncate_metrics,
     with_ragen_names, write_generations,
 )
 from ragen_turn.rollout import EnvSlot, Trajectory
@@ -235,7 +236,7 @@ class StarPOTrainer(RayPPOTrainer):
         self.train_plan = SeedPlan(self.rcfg.custom_envs, self.rcfg.es_manager.train, "train")
         self.val_plan = SeedPlan(self.rcfg.custom_envs, self.rcfg.es_manager.val, "val")
         self.out_dir = Path(self.rcfg.trainer.default_local_dir)
-        self.metrics_path = self.out_dir / "metrics.jsonl"
+        self.metrics_path = self.out_dir / METRICS_FILE
         self.tracer = EpisodeTracer(self.rcfg, self.out_dir / TRACE_FILE, "verl", tokenizer,
                                     policy_loss_config(self.rcfg)) if self.rcfg.trainer.trace_episodes else None
         self.reward_kl_ctrl = kl_controller(self.rcfg.algorithm)  # ours, shared with the local engine (None: off)
