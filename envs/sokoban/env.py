@@ -12,7 +12,7 @@ from .config import SokobanEnvConfig
 from .generation import generate_flat, normalize_seed
 from .room import (
     BOX, BOX_ON_TARGET, DEFAULT_ACTION_LOOKUP, DEFAULT_GRID_LOOKUP, PLAYER,
-    PLAYER_ON_TARGET, TARGET, from_arrays, has_wall_border, to_arrays,
+    PLAYER_ON_TARGET, TARGET, flat_deltas, from_arrays, has_wall_border, to_arrays,
 )
 from .solver import solve_flat
 
@@ -152,7 +152,7 @@ class SokobanEnv(BaseDiscreteActionEnv):
         self._rows, self._cols = rows, cols
         self.dim_room = (rows, cols)
         self._fixed = fixed
-        self._deltas = (0, -cols, cols, -1, 1)
+        self._deltas = flat_deltas(cols)
         self._cs = cs = self._cell_symbols(rows, cols)
         self._base = [cs[i][fixed[i]] for i in range(rows * cols)]
         self._player = player

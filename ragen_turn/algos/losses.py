@@ -675,7 +675,9 @@ def compute_policy_loss_turn_ppo_geo(old, new, adv, mask, agg, settings, is_w, t
 def policy_loss(name: str, logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
                 response_mask: torch.Tensor, turn_ids: Optional[torch.Tensor] = None, config: Any = None,
                 global_counts: Optional[GlobalCounts] = None) -> tuple[torch.Tensor, Dict[str, float]]:
-    """Dispatch by name (verl's argument order): ``(loss, metrics)``."""
+    """Dispatch by name: ``(loss, metrics)`` of loss ``name``, every tensor ``[B, T]``. Note the order: the new
+    log-probs ``logp`` come before the old ones, the reverse of verl's signature (``old_log_prob, log_prob, ...``);
+    the call passes them to the loss by keyword."""
     return get_policy_loss_fn(name)(old_log_prob=old_logp, log_prob=logp, advantages=advantages,
                                     response_mask=response_mask, config=config, turn_ids=turn_ids,
                                     global_counts=global_counts)

@@ -3,7 +3,8 @@
 One training step, in order (CleanRL's shape, RAGEN's names)::
 
     rollout     BR env groups x G rollouts, multi-turn, token in / token out   -> Trajectory
-    filter      StarPO-S: keep the top rollout_filter_ratio groups by reward std
+    filter      the rollout filter (engines/rollout_filter.py): keep env groups by a score (StarPO-S's top_k by
+                in-group reward std, RAGEN-2's top_p / min_p, ...; the default ratio 1.0 keeps every group)
     score       old log-probs, reference log-probs (KL on), critic values
     advantages  grpo | token_gae | bi_level_gae | turn_gae  (the registry's, by name)
     update      critic, then actor: ppo_epochs x mini-batches (x micro-batches), grad clip
