@@ -253,7 +253,8 @@ def test_a_new_algorithm_is_one_registry_entry_and_one_yaml(tmp_path):
 
 def test_a_working_tree_that_is_not_installed_finds_its_envs(tmp_path):
     """The GPU scripts run ``python -m ragen_turn.train`` from a copy of the tree with no install: ragen_turn.envs is
-    that copy's top-level envs/ (ragen_turn/__init__.py), as setup.py's package_dir maps it on an install. Run with
+    that copy's top-level envs/ (ragen_turn/__init__.py), as setup.py's package_dir maps it on an install, and the
+    copy's benchmarks/, scripts/ and tests/ are not ragen_turn subpackages (issue #62 item 7). Run with
     ``-S`` and the dependencies on PYTHONPATH, so this venv's editable install (its finder) is not there to help."""
     import shutil
     import site
@@ -264,12 +265,19 @@ def test_a_working_tree_that_is_not_installed_finds_its_envs(tmp_path):
     for part in ("ragen_turn", "envs"):
         shutil.copytree(ROOT / part, tree / part, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copyfile(ROOT / "setup.py", tree / "setup.py")
+    for other in ("benchmarks", "scripts", "tests"):  # the tree's other top-level folders stay out of the package
+        (tree / other).mkdir()
+        (tree / other / "probe.py").write_text("")
     code = ("import ragen_turn.envs.sokoban.env as m, ragen_turn.envs as e; print(m.__file__); "
-            "print(sorted(e.REGISTERED_ENVS)[:3]); import importlib.util as u; print(u.find_spec('ragen_turn.envs'))")
+            "print(sorted(e.REGISTERED_ENVS)[:3]); import importlib.util as u; print(u.find_spec('ragen_turn.envs')); "
+            "import ragen_turn; print([u.find_spec(f'ragen_turn.{x}') for x in ('benchmarks', 'scripts', 'tests')]); "
+            "print(ragen_turn.__path__)")
     env = {"PYTHONPATH": os.pathsep.join([str(tree), *site.getsitepackages()]), "PATH": os.environ.get("PATH", "")}
     out = subprocess.run([sys.executable, "-S", "-c", code], cwd=tree, env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.splitlines()[0] == str(tree / "envs" / "sokoban" / "env.py"), out.stdout
+    lines = out.stdout.splitlines()
+    assert lines[0] == str(tree / "envs" / "sokoban" / "env.py"), out.stdout
+    assert lines[3] == "[None, None, None]" and lines[4] == str([str(tree / "ragen_turn")]), out.stdout
     assert not (tree / "ragen_turn" / "envs").exists()  # nothing made inside the package
 
 
