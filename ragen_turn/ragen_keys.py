@@ -51,7 +51,7 @@ class Alias:
     outcome: str = "aliased"                            # for the docs: honoured | aliased | unused | refused
     choose: Optional[str] = None                        # a config-group choice (group=name) the key makes on the
                                                         # command line unless that group is given ...
-    why: str = ""                                       # ... and what it brings, said in one line (NOTES)
+    why: str = ""                                       # ... and what it brings, said in one line (the notes)
 
 
 def _stop(key: str, msg: str):
@@ -644,17 +644,14 @@ def _override_key(override: str) -> str:
     return head.lstrip("+~")
 
 
-NOTES: List[str] = []  # lines the command line prints once (what model_path chose); compose.prepare_cli prints them
-
-
-def move_ragen_overrides(overrides: List[str]) -> List[str]:
+def move_ragen_overrides(overrides: List[str], notes: Optional[List[str]] = None) -> List[str]:
     """Command-line overrides with every RAGEN table key moved under ``ragen_keys.`` (before Hydra composes).
 
     Also, before anything else runs: ``system.CUDA_VISIBLE_DEVICES`` is exported; a key's ``rename`` is added
     (``seed.train=5`` -> ``seed=5``, ``model_path=<dir>`` -> ``model.path=<dir>``) and its ``choose`` unless that
-    config group is given (``model_path`` -> ``model=hf``, a real model's defaults; one line in :data:`NOTES`
-    says so). A key that neither the table nor the schema knows stops here with our message
-    (:func:`unknown_override_problems`), never Hydra's."""
+    config group is given (``model_path`` -> ``model=hf``, a real model's defaults; one line appended to
+    ``notes``, the lines the command line prints, says so). A key that neither the table nor the schema knows
+    stops here with our message (:func:`unknown_override_problems`), never Hydra's."""
     problems = unknown_override_problems(overrides)
     if problems:
         raise ValueError(problems[0] if len(problems) == 1 else
@@ -676,17 +673,23 @@ def move_ragen_overrides(overrides: List[str]) -> List[str]:
             choose = BY_KEY[key].choose
             if choose and choose.split("=", 1)[0] not in groups_given:
                 out.append(choose)
-                NOTES.append(f"[ragen_turn] {key}={value}: {choose}, {BY_KEY[key].why}")
+                _note(notes, f"[ragen_turn] {key}={value}: {choose}, {BY_KEY[key].why}")
         else:
             out.append(o)
     return out
 
 
-def algo_for_named_run(overrides: List[str], config_name: Optional[str]) -> List[str]:
+def _note(notes: Optional[List[str]], line: str) -> None:
+    if notes is not None:
+        notes.append(line)
+
+
+def algo_for_named_run(overrides: List[str], config_name: Optional[str],
+                       notes: Optional[List[str]] = None) -> List[str]:
     """RAGEN's named runs (``--config-name _N_<env>``, ``base-lora``) choose the algorithm with
     ``algorithm.adv_estimator`` (RAGEN's scripts: ``... --config-name _2_sokoban algorithm.adv_estimator=grpo``): with
-    no ``algo=`` given, the algo that carries that estimator is added (and :data:`NOTES` says so). Other configs keep
-    their algo (a mismatch stops naming the algo to use)."""
+    no ``algo=`` given, the algo that carries that estimator is added (and a line in ``notes`` says so). Other
+    configs keep their algo (a mismatch stops naming the algo to use)."""
     if not config_name or not re.match(r"_\d+_|base-lora$", str(config_name)):
         return overrides
     given = {_override_key(o): o.split("=", 1)[1] for o in overrides if "=" in o}
@@ -698,7 +701,7 @@ def algo_for_named_run(overrides: List[str], config_name: Optional[str]) -> List
     algo = ALGO_OF_ADV.get(adv)
     if algo is None:
         return overrides
-    NOTES.append(f"[ragen_turn] algorithm.adv_estimator={given['algorithm.adv_estimator']}: algo={algo} "
+    _note(notes, f"[ragen_turn] algorithm.adv_estimator={given['algorithm.adv_estimator']}: algo={algo} "
                  f"({config_name} picks the algo from RAGEN's estimator)")
     return [*overrides, f"algo={algo}"]
 
@@ -741,9 +744,9 @@ def check_named_config(name: Optional[str]) -> None:
         raise ValueError(f"--config-name {name}: {NAMED_REFUSED[name]}")
 
 
-def ragen_config_name(argv: List[str]) -> List[str]:
+def ragen_config_name(argv: List[str], notes: Optional[List[str]] = None) -> List[str]:
     """``argv`` with RAGEN's ``--config-name base`` (``-cn base``, ``--config-name=base``) as ours
-    (:data:`NAMED_AS`: ``_2_sokoban``, RAGEN's PPO with GAE), said in one line (:data:`NOTES`)."""
+    (:data:`NAMED_AS`: ``_2_sokoban``, RAGEN's PPO with GAE), said in one line appended to ``notes``."""
     out = list(argv)
     for i, a in enumerate(out):
         if a in ("--config-name", "-cn") and i + 1 < len(out) and out[i + 1].removesuffix(".yaml") in NAMED_AS:
@@ -754,7 +757,7 @@ def ragen_config_name(argv: List[str]) -> List[str]:
         else:
             continue
         new = NAMED_AS[old.removesuffix(".yaml")]
-        NOTES.append(f"[ragen_turn] --config-name {old}: RAGEN's base run (PPO with GAE: algo=token_ppo) is "
+        _note(notes, f"[ragen_turn] --config-name {old}: RAGEN's base run (PPO with GAE: algo=token_ppo) is "
                      f"--config-name {new} here (our own default, without --config-name, is algo=turn_ppo)")
     return out
 

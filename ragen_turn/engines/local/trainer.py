@@ -25,7 +25,7 @@ import random
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -536,10 +536,7 @@ class StarPOTrainer:
         stats_of = self.clip_stats if needs_minibatch_stats(a.policy_loss.loss_mode, self.loss_cfg) else None
         limit = a.get("max_update_kl")
         stops = [x for x in (a.get("target_kl"), limit) if x is not None]
-        before = None
-        if limit is not None:  # what a rollback restores (a copy of the weights and the optimizer's moments)
-            before = ({k: v.detach().clone() for k, v in self._weights(model).items()},
-                      copy.deepcopy(self.actor_optim.state_dict()))
+        before = self._rollback_point(model) if limit is not None else None
         m, s = self._run_updates(batch, model, self.actor_optim, loss_of, a.ppo_epochs, a.grad_clip, "actor",
                                  stats_of, target_kl=min(stops) if stops else None,
                                  step_scale=a.get("step_scale", "none"))
@@ -549,17 +546,28 @@ class StarPOTrainer:
             self.log(f"[kl] step {self.step + 1}: a mini-batch's approx KL passed {min(stops)} (actor_rollout_ref."
                      f"actor.target_kl / max_update_kl): {int(m['actor/minibatches_stepped'])} mini-batch(es) "
                      f"stepped, the rest of the update skipped")
-        rolled_back = False
-        if limit is not None:
-            kl = metrics["actor/update_kl"] = self.update_kl(batch)
-            if not kl <= limit:
-                model.load_state_dict(before[0], strict=self.lora is None)
-                self.actor_optim.load_state_dict(before[1])
-                rolled_back = True
-                self.log(f"[warn] step {self.step + 1}: the actor's update moved the policy by approx KL {kl:.4g} "
-                         f"> actor_rollout_ref.actor.max_update_kl={limit}: rolled back")
-            metrics["actor/update_rolled_back"] = float(rolled_back)
+        rolled_back = self._roll_back_past(limit, batch, model, before, metrics) if limit is not None else False
         return self._after_update(metrics, skipped, rolled_back)
+
+    def _rollback_point(self, model) -> Tuple[Dict[str, torch.Tensor], Dict[str, Any]]:
+        """What a ``max_update_kl`` rollback restores: a copy of ``model``'s weights and of the actor optimizer's
+        state (its moments)."""
+        return ({k: v.detach().clone() for k, v in self._weights(model).items()},
+                copy.deepcopy(self.actor_optim.state_dict()))
+
+    def _roll_back_past(self, limit: float, batch: Trajectory, model, before, metrics: Dict[str, float]) -> bool:
+        """``actor.max_update_kl``: the update's approx KL over ``batch`` (:meth:`update_kl`, ``actor/update_kl``);
+        above ``limit`` the weights and the optimizer's state go back to ``before`` (:meth:`_rollback_point`).
+        True when rolled back (``actor/update_rolled_back``)."""
+        kl = metrics["actor/update_kl"] = self.update_kl(batch)
+        rolled_back = not kl <= limit
+        if rolled_back:
+            model.load_state_dict(before[0], strict=self.lora is None)
+            self.actor_optim.load_state_dict(before[1])
+            self.log(f"[warn] step {self.step + 1}: the actor's update moved the policy by approx KL {kl:.4g} "
+                     f"> actor_rollout_ref.actor.max_update_kl={limit}: rolled back")
+        metrics["actor/update_rolled_back"] = float(rolled_back)
+        return rolled_back
 
     def _after_update(self, metrics: Dict[str, float], skipped: int, rolled_back: bool) -> Dict[str, float]:
         """Eval mode, and the count of steps in a row whose update was skipped or rolled back."""
