@@ -265,26 +265,11 @@ def _refused_unless(key: str, ok: Callable[[Any], bool], why_unused: str, instea
 def _cuda_visible_devices(v, given, cfg):
     """RAGEN's ``system.CUDA_VISIBLE_DEVICES``: set in this process's environment before torch or Ray looks at the
     GPUs (the command line's value is set by :func:`move_ragen_overrides`, before anything else runs)."""
+    from ragen_turn.runtime import set_cuda_visible_devices
+
     value = ",".join(str(x) for x in v) if isinstance(v, (list, tuple)) else str(v)
     set_cuda_visible_devices(value)
     return {DONE: f"CUDA_VISIBLE_DEVICES={value} (the process's environment)"}
-
-
-def set_cuda_visible_devices(value: str) -> None:
-    """Export ``CUDA_VISIBLE_DEVICES``; once torch has initialised CUDA a different value cannot take effect, so that
-    stops the run (it never happens from the command line, where this runs first)."""
-    import os
-    import sys
-
-    value = str(value).strip()
-    if os.environ.get("CUDA_VISIBLE_DEVICES") == value:
-        return
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_initialized():
-        _stop(f"system.CUDA_VISIBLE_DEVICES={value}", "CUDA is already initialised in this process with "
-              f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}; give it on the command line "
-              "(or export it before starting)")
-    os.environ["CUDA_VISIBLE_DEVICES"] = value
 
 
 def _keep_ckpts(key: str):
@@ -668,7 +653,9 @@ def move_ragen_overrides(overrides: List[str], notes: Optional[List[str]] = None
             out.append(f"++{HOLD}.{key}={value}")
             if BY_KEY[key].rename:
                 out.append(f"{BY_KEY[key].rename}={value}")
-            if key == "system.CUDA_VISIBLE_DEVICES":
+            if key == "system.CUDA_VISIBLE_DEVICES":  # before anything looks at a GPU (runtime does it)
+                from ragen_turn.runtime import set_cuda_visible_devices
+
                 set_cuda_visible_devices(value.strip("'\""))
             choose = BY_KEY[key].choose
             if choose and choose.split("=", 1)[0] not in groups_given:

@@ -324,7 +324,7 @@ def defined_names() -> Dict[str, Set[str]]:
 
 
 def config_keys() -> Set[str]:
-    """Every dotted key of the schema and each of its tails (``critic.level``, ``level``)."""
+    """Every dotted key of the schema and each of its tails (``critic.level``, ``level``), and RAGEN's keys."""
     from ragen_turn import schema
 
     keys: Set[str] = set()
@@ -339,7 +339,9 @@ def config_keys() -> Set[str]:
             keys.update(".".join(parts[i:]) for i in range(len(parts)))
 
     walk(schema.RunConfig, "")
-    return keys
+    from ragen_turn.ragen_keys import BY_KEY  # RAGEN's keys, mapped onto ours (system.CUDA_VISIBLE_DEVICES)
+
+    return keys | set(BY_KEY)
 
 
 def dataclasses_fields(cls):
