@@ -73,6 +73,19 @@ class BaseEnv(ABC):
         """Release resources."""
 
 
+class EpisodeStatus:
+    """``success`` and ``done`` as read-only properties over ``self._success`` / ``self._done``, which the env's
+    ``reset`` / ``step`` keep (bandit, countdown, sokoban: ``class XEnv(EpisodeStatus, BaseDiscreteActionEnv)``)."""
+
+    @property
+    def success(self) -> bool:
+        return self._success
+
+    @property
+    def done(self) -> bool:
+        return self._done
+
+
 class BaseDiscreteActionEnv(BaseEnv, ABC):
     """Environments with a small discrete action set (Sokoban, FrozenLake).
 

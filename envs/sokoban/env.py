@@ -7,7 +7,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
-from ..base import BaseDiscreteActionEnv, check_seed, config_from
+from ..base import BaseDiscreteActionEnv, EpisodeStatus, check_seed, config_from
 from .config import SokobanEnvConfig
 from .generation import generate_flat, normalize_seed
 from .room import (
@@ -39,7 +39,7 @@ def build_instruction(config: SokobanEnvConfig) -> str:
     )
 
 
-class SokobanEnv(BaseDiscreteActionEnv):
+class SokobanEnv(EpisodeStatus, BaseDiscreteActionEnv):
     """RAGEN-compatible Sokoban with a text observation (rows joined by newlines, one symbol per cell).
 
     Rewards as gym-sokoban / RAGEN: -0.1 per step, +1 when the number of boxes on targets rose since
@@ -376,14 +376,6 @@ class SokobanEnv(BaseDiscreteActionEnv):
     def optimal_steps(self) -> int:
         """Length of the shortest solution from the reset state (-1 if not computed)."""
         return self._optimal
-
-    @property
-    def success(self) -> bool:
-        return self._success
-
-    @property
-    def done(self) -> bool:
-        return self._done
 
 
 __all__ = ["SokobanEnv", "build_instruction"]
