@@ -134,6 +134,17 @@ def coerce_config(cls: Any, config: Any, kwargs: Mapping[str, Any]) -> Any:
     return config
 
 
+def known_keys_config(cls: Any, d: Optional[Mapping[str, Any]], env_name: str) -> Any:
+    """``cls(**d)`` for a dataclass env config, refusing keys it lacks first (``<env_name>: unknown config key(s)
+    [...]; known: [...]``): the envs' ``from_dict``."""
+    d = dict(d or {})
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(d) - known)
+    if unknown:
+        raise ValueError(f"{env_name}: unknown config key(s) {unknown}; known: {sorted(known)}")
+    return cls(**d)
+
+
 def config_from(cls: Any, config: Any, kwargs: Mapping[str, Any], copy: bool = False) -> Any:
     """A dataclass env config from an env's ``__init__(config=None, **kwargs)``: keywords only, a mapping merged
     with the keywords, or a ``cls`` instance with the keywords replaced (a copy when there are keywords, or always
