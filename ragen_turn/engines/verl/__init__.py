@@ -7,7 +7,7 @@ install it when it is missing.
 Modules (each imports verl): :mod:`.config` (our Hydra keys -> verl's config, device placement and
 every check), :mod:`.register` (our policy losses and ``turn_gae`` in verl's registries),
 :mod:`.agent_loop` (the verl agent loop that plays our environments turn by turn), :mod:`.losses`
-(the actor loss with turn counts), :mod:`.trainer` (``StarPOTrainer`` on verl's
+(the actor loss with turn counts), :mod:`.trainer` (``VerlStarPOTrainer`` on verl's
 ``RayPPOTrainer``, ``TaskRunner``), :mod:`.cpu_platform` (verl's platform registry: ``cpu``),
 :mod:`.workers` (verl's workers on a gloo process group), :mod:`.hf_rollout` (the ``hf`` rollout in
 verl's rollout registries), :mod:`.value_model` (the critic loader without flash-attn or trl),
