@@ -404,3 +404,31 @@ def test_the_names_architecture_md_cites_exist():
     assert not missing, f"docs/ARCHITECTURE.md cites names this tree lacks: {missing}"
     for stale in ("common.compute_advantages", "common.pad_rows", "engines/nowhere.py", "StarPOTrainer.no_such"):
         assert not _cited_exists(stale, names, keys), stale  # the check can fail
+
+
+# ---------------------------------------------------------------------------------------- repeated blocks
+def repeated_blocks(files: List[Path], root: Path = ROOT, width: int = 6, min_chars: int = 100) -> List[List[str]]:
+    """Blocks of ``width`` code lines (stripped; blank lines, comments and lone closers / ``else:`` / ``try:`` left
+    out) of at least ``min_chars`` characters that appear at more than one place, as ``["file:line", ...]``."""
+    trivial = {")", "]", "}", "else:", "try:", '"""', "return out", "return None"}
+    seen: Dict[tuple, List[str]] = {}
+    for path in files:
+        lines = [(i + 1, t.strip()) for i, t in enumerate(path.read_text().splitlines())]
+        lines = [(i, t) for i, t in lines if t and not t.startswith("#") and t not in trivial]
+        for k in range(len(lines) - width + 1):
+            block = tuple(t for _, t in lines[k:k + width])
+            if sum(map(len, block)) >= min_chars:
+                seen.setdefault(block, []).append(f"{path.relative_to(root)}:{lines[k][0]}")
+    return [where for where in seen.values() if len(where) > 1]
+
+
+def test_no_block_of_six_lines_is_repeated(tmp_path):
+    """Issue #62: a block of six or more code lines lives once in ragen_turn/ and envs/ (the decode step, the envs'
+    success / done members were copies); the checker finds a planted copy."""
+    files = sorted([*(ROOT / "ragen_turn").rglob("*.py"), *(ROOT / "envs").rglob("*.py")])
+    assert not repeated_blocks(files)
+    block = "".join(f"value_{i} = compute_something_long(argument_{i}, other_argument_{i})\n" for i in range(6))
+    planted = [tmp_path / "a.py", tmp_path / "b.py"]
+    for p in planted:
+        p.write_text(f"import {p.stem}\n" + block)
+    assert repeated_blocks(planted, tmp_path) == [["a.py:2", "b.py:2"]]
