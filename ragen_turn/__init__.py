@@ -25,5 +25,6 @@ class _TreeEnvsFinder(_abc.MetaPathFinder):
 
 
 if not _os.path.isdir(_os.path.join(__path__[0], "envs")) and _os.path.isfile(_os.path.join(_TREE, "setup.py")) \
+        and _os.path.isfile(_os.path.join(_ENVS, "__init__.py")) \
         and not any(type(f).__name__ == _TreeEnvsFinder.__name__ for f in _sys.meta_path):
     _sys.meta_path.insert(0, _TreeEnvsFinder())
