@@ -73,6 +73,19 @@ class BaseEnv(ABC):
         """Release resources."""
 
 
+class EpisodeStatus:
+    """``success`` and ``done`` as read-only properties over ``self._success`` / ``self._done``, which the env's
+    ``reset`` / ``step`` keep (bandit, countdown, sokoban: ``class XEnv(EpisodeStatus, BaseDiscreteActionEnv)``)."""
+
+    @property
+    def success(self) -> bool:
+        return self._success
+
+    @property
+    def done(self) -> bool:
+        return self._done
+
+
 class BaseDiscreteActionEnv(BaseEnv, ABC):
     """Environments with a small discrete action set (Sokoban, FrozenLake).
 
@@ -119,6 +132,17 @@ def coerce_config(cls: Any, config: Any, kwargs: Mapping[str, Any]) -> Any:
     if not isinstance(config, cls):
         raise TypeError(f"config must be a {cls.__name__} or a dict, got {type(config).__name__}")
     return config
+
+
+def known_keys_config(cls: Any, d: Optional[Mapping[str, Any]], env_name: str) -> Any:
+    """``cls(**d)`` for a dataclass env config, refusing keys it lacks first (``<env_name>: unknown config key(s)
+    [...]; known: [...]``): the envs' ``from_dict``."""
+    d = dict(d or {})
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(d) - known)
+    if unknown:
+        raise ValueError(f"{env_name}: unknown config key(s) {unknown}; known: {sorted(known)}")
+    return cls(**d)
 
 
 def config_from(cls: Any, config: Any, kwargs: Mapping[str, Any], copy: bool = False) -> Any:

@@ -327,16 +327,16 @@ def prepare_cli() -> None:
     """Before ``@hydra.main`` composes ``sys.argv``: the config files parse, RAGEN's keys moved aside
     (``model_path`` says what it chose, in one line), ``env_module=`` imported, the config choices (``env=``,
     ``algo=``, ...) and a ``--config-name`` checked."""
-    from ragen_turn.ragen_keys import NOTES, algo_for_named_run, move_ragen_overrides, ragen_config_name
+    from ragen_turn.ragen_keys import algo_for_named_run, move_ragen_overrides, ragen_config_name
 
     check_config_files(config_dirs(sys.argv[1:]))
-    sys.argv[1:] = ragen_config_name(sys.argv[1:])  # RAGEN's --config-name base: its PPO run, our _2_sokoban
+    notes: list[str] = []  # what the mapping chose for RAGEN's keys, one line each, printed once below
+    sys.argv[1:] = ragen_config_name(sys.argv[1:], notes)  # RAGEN's --config-name base: its PPO run, our _2_sokoban
     name = _config_name_arg(sys.argv[1:])
-    sys.argv[1:] = move_ragen_overrides(algo_for_named_run(sys.argv[1:], name))
+    sys.argv[1:] = move_ragen_overrides(algo_for_named_run(sys.argv[1:], name, notes), notes)
     prepare_envs(sys.argv[1:])
     check_group_choices(sys.argv[1:], config_dirs(sys.argv[1:]))
     check_config_name(name)
-    for line in dict.fromkeys(NOTES):
+    for line in dict.fromkeys(notes):
         print(line)
-    NOTES.clear()
 

@@ -17,6 +17,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from ragen_turn.compose import CONFIG_DIR, finalize
+from ragen_turn.runfiles import CHECKPOINTS_DIR, CONFIG_FILE
 from ragen_turn.runtime import quiet_transformers
 
 COLUMNS = [("success", "val/success"), ("mean reward", "val/reward"), ("mean turns", "val/turns"),
@@ -29,7 +30,7 @@ def resolve_checkpoint(path: str) -> Path:
     from ragen_turn.engines.checkpoints import resume_point
 
     p = Path(path).expanduser()
-    newest = resume_point(p / "checkpoints", log=lambda line: print(line, file=sys.stderr))
+    newest = resume_point(p / CHECKPOINTS_DIR, log=lambda line: print(line, file=sys.stderr))
     if newest is not None:
         p = newest
     if (p / "actor" / "config.json").is_file():
@@ -109,8 +110,8 @@ def run_config_path(path: str) -> Path | None:
     """``<run>/config.yaml`` for a run dir or a checkpoint inside one (``<run>/checkpoints/step_N[/actor]``)."""
     p = Path(path).expanduser().resolve()
     for d in (p, *p.parents[:3]):
-        if (d / "config.yaml").is_file() and (d / "checkpoints").is_dir():
-            return d / "config.yaml"
+        if (d / CONFIG_FILE).is_file() and (d / CHECKPOINTS_DIR).is_dir():
+            return d / CONFIG_FILE
     return None
 
 

@@ -28,9 +28,9 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ragen_turn.runfiles import CONFIG_FILE, TRACE_FILE, read_trace
+from ragen_turn.runfiles import CONFIG_FILE, INSPECT_PAGE, TRACE_FILE, read_trace
 
-PAGE_FILE = "inspect.html"  # the page's default place: <run>/inspect.html
+PAGE_FILE = INSPECT_PAGE  # the page's default place: <run>/inspect.html
 
 
 def esc(x: Any) -> str:

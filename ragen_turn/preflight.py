@@ -21,6 +21,8 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, open_dict
 
+from ragen_turn.runfiles import CHECKPOINTS_DIR
+
 CONFIG_ERRORS = (ValueError, FileNotFoundError, FileExistsError)  # a config or input problem: exit code 2
 _state: dict = {"composed": False, "finalized": None}
 
@@ -39,7 +41,7 @@ def preflight(cfg: DictConfig) -> None:
         check_config(cfg)
     if cfg.trainer.resume and not cfg.trainer.get("overwrite", False):  # the checkpoint to load is there,
         out = Path(cfg.trainer.default_local_dir)                         # complete, and verifiable
-        checkpoints.check_resume_target(out if cfg.engine.name == "verl" else out / "checkpoints",
+        checkpoints.check_resume_target(out if cfg.engine.name == "verl" else out / CHECKPOINTS_DIR,
                                         cfg.trainer.get("resume_from"), bool(cfg.trainer.get("load_unverified")),
                                         cfg.engine.name)
     check_run_dir(cfg)

@@ -51,7 +51,7 @@ class Alias:
     outcome: str = "aliased"                            # for the docs: honoured | aliased | unused | refused
     choose: Optional[str] = None                        # a config-group choice (group=name) the key makes on the
                                                         # command line unless that group is given ...
-    why: str = ""                                       # ... and what it brings, said in one line (NOTES)
+    why: str = ""                                       # ... and what it brings, said in one line (the notes)
 
 
 def _stop(key: str, msg: str):
@@ -265,26 +265,11 @@ def _refused_unless(key: str, ok: Callable[[Any], bool], why_unused: str, instea
 def _cuda_visible_devices(v, given, cfg):
     """RAGEN's ``system.CUDA_VISIBLE_DEVICES``: set in this process's environment before torch or Ray looks at the
     GPUs (the command line's value is set by :func:`move_ragen_overrides`, before anything else runs)."""
+    from ragen_turn.runtime import set_cuda_visible_devices
+
     value = ",".join(str(x) for x in v) if isinstance(v, (list, tuple)) else str(v)
     set_cuda_visible_devices(value)
     return {DONE: f"CUDA_VISIBLE_DEVICES={value} (the process's environment)"}
-
-
-def set_cuda_visible_devices(value: str) -> None:
-    """Export ``CUDA_VISIBLE_DEVICES``; once torch has initialised CUDA a different value cannot take effect, so that
-    stops the run (it never happens from the command line, where this runs first)."""
-    import os
-    import sys
-
-    value = str(value).strip()
-    if os.environ.get("CUDA_VISIBLE_DEVICES") == value:
-        return
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_initialized():
-        _stop(f"system.CUDA_VISIBLE_DEVICES={value}", "CUDA is already initialised in this process with "
-              f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}; give it on the command line "
-              "(or export it before starting)")
-    os.environ["CUDA_VISIBLE_DEVICES"] = value
 
 
 def _keep_ckpts(key: str):
@@ -644,17 +629,14 @@ def _override_key(override: str) -> str:
     return head.lstrip("+~")
 
 
-NOTES: List[str] = []  # lines the command line prints once (what model_path chose); compose.prepare_cli prints them
-
-
-def move_ragen_overrides(overrides: List[str]) -> List[str]:
+def move_ragen_overrides(overrides: List[str], notes: Optional[List[str]] = None) -> List[str]:
     """Command-line overrides with every RAGEN table key moved under ``ragen_keys.`` (before Hydra composes).
 
     Also, before anything else runs: ``system.CUDA_VISIBLE_DEVICES`` is exported; a key's ``rename`` is added
     (``seed.train=5`` -> ``seed=5``, ``model_path=<dir>`` -> ``model.path=<dir>``) and its ``choose`` unless that
-    config group is given (``model_path`` -> ``model=hf``, a real model's defaults; one line in :data:`NOTES`
-    says so). A key that neither the table nor the schema knows stops here with our message
-    (:func:`unknown_override_problems`), never Hydra's."""
+    config group is given (``model_path`` -> ``model=hf``, a real model's defaults; one line appended to
+    ``notes``, the lines the command line prints, says so). A key that neither the table nor the schema knows
+    stops here with our message (:func:`unknown_override_problems`), never Hydra's."""
     problems = unknown_override_problems(overrides)
     if problems:
         raise ValueError(problems[0] if len(problems) == 1 else
@@ -671,22 +653,30 @@ def move_ragen_overrides(overrides: List[str]) -> List[str]:
             out.append(f"++{HOLD}.{key}={value}")
             if BY_KEY[key].rename:
                 out.append(f"{BY_KEY[key].rename}={value}")
-            if key == "system.CUDA_VISIBLE_DEVICES":
+            if key == "system.CUDA_VISIBLE_DEVICES":  # before anything looks at a GPU (runtime does it)
+                from ragen_turn.runtime import set_cuda_visible_devices
+
                 set_cuda_visible_devices(value.strip("'\""))
             choose = BY_KEY[key].choose
             if choose and choose.split("=", 1)[0] not in groups_given:
                 out.append(choose)
-                NOTES.append(f"[ragen_turn] {key}={value}: {choose}, {BY_KEY[key].why}")
+                _note(notes, f"[ragen_turn] {key}={value}: {choose}, {BY_KEY[key].why}")
         else:
             out.append(o)
     return out
 
 
-def algo_for_named_run(overrides: List[str], config_name: Optional[str]) -> List[str]:
+def _note(notes: Optional[List[str]], line: str) -> None:
+    if notes is not None:
+        notes.append(line)
+
+
+def algo_for_named_run(overrides: List[str], config_name: Optional[str],
+                       notes: Optional[List[str]] = None) -> List[str]:
     """RAGEN's named runs (``--config-name _N_<env>``, ``base-lora``) choose the algorithm with
     ``algorithm.adv_estimator`` (RAGEN's scripts: ``... --config-name _2_sokoban algorithm.adv_estimator=grpo``): with
-    no ``algo=`` given, the algo that carries that estimator is added (and :data:`NOTES` says so). Other configs keep
-    their algo (a mismatch stops naming the algo to use)."""
+    no ``algo=`` given, the algo that carries that estimator is added (and a line in ``notes`` says so). Other
+    configs keep their algo (a mismatch stops naming the algo to use)."""
     if not config_name or not re.match(r"_\d+_|base-lora$", str(config_name)):
         return overrides
     given = {_override_key(o): o.split("=", 1)[1] for o in overrides if "=" in o}
@@ -698,7 +688,7 @@ def algo_for_named_run(overrides: List[str], config_name: Optional[str]) -> List
     algo = ALGO_OF_ADV.get(adv)
     if algo is None:
         return overrides
-    NOTES.append(f"[ragen_turn] algorithm.adv_estimator={given['algorithm.adv_estimator']}: algo={algo} "
+    _note(notes, f"[ragen_turn] algorithm.adv_estimator={given['algorithm.adv_estimator']}: algo={algo} "
                  f"({config_name} picks the algo from RAGEN's estimator)")
     return [*overrides, f"algo={algo}"]
 
@@ -741,9 +731,9 @@ def check_named_config(name: Optional[str]) -> None:
         raise ValueError(f"--config-name {name}: {NAMED_REFUSED[name]}")
 
 
-def ragen_config_name(argv: List[str]) -> List[str]:
+def ragen_config_name(argv: List[str], notes: Optional[List[str]] = None) -> List[str]:
     """``argv`` with RAGEN's ``--config-name base`` (``-cn base``, ``--config-name=base``) as ours
-    (:data:`NAMED_AS`: ``_2_sokoban``, RAGEN's PPO with GAE), said in one line (:data:`NOTES`)."""
+    (:data:`NAMED_AS`: ``_2_sokoban``, RAGEN's PPO with GAE), said in one line appended to ``notes``."""
     out = list(argv)
     for i, a in enumerate(out):
         if a in ("--config-name", "-cn") and i + 1 < len(out) and out[i + 1].removesuffix(".yaml") in NAMED_AS:
@@ -754,7 +744,7 @@ def ragen_config_name(argv: List[str]) -> List[str]:
         else:
             continue
         new = NAMED_AS[old.removesuffix(".yaml")]
-        NOTES.append(f"[ragen_turn] --config-name {old}: RAGEN's base run (PPO with GAE: algo=token_ppo) is "
+        _note(notes, f"[ragen_turn] --config-name {old}: RAGEN's base run (PPO with GAE: algo=token_ppo) is "
                      f"--config-name {new} here (our own default, without --config-name, is algo=turn_ppo)")
     return out
 

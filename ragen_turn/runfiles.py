@@ -29,11 +29,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Tuple
 
-# the files of a run directory (both engines write them; the report reads them)
+# the files of a run directory (both engines write them; the report reads them): every name of them is here
 METRICS_FILE = "metrics.jsonl"
-CONFIG_FILE = "config.yaml"
+CONFIG_FILE = "config.yaml"  # this start's config (resolved)
+CONFIGS_FILE = "configs.jsonl"  # one line per start or resume (engines/rundir.py)
 PROVENANCE_FILE = "provenance.json"
+LOCK_FILE = "run.lock"  # held by the run that trains into the directory (engines/rundir.py)
+GENERATIONS_FILE = "val_generations.jsonl"  # trainer.log_val_generations: held-out episodes as text, per eval
 TRACE_FILE = "trace.jsonl"  # trainer.trace_episodes: sampled episodes of each step, turn by turn (engines/trace.py)
+CHECKPOINTS_DIR = "checkpoints"  # the local engine's checkpoints (verl's global_step_N sit in the run directory)
+ERROR_LOG = "error.log"  # engine=verl: a failed run's traceback
+INSPECT_PAGE = "inspect.html"  # python -m ragen_turn.inspect RUN: the credit inspector's page
 EVAL_PREFIX = "eval_"  # <run>/eval_<name>.json: a held-out evaluation of the run's checkpoint (eval.sh)
 
 # metric keys (written by both engines' trainers; read by the run summary and the report)

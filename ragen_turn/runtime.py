@@ -44,6 +44,22 @@ def eta(done: int, total: int, elapsed: float) -> str:
     return f"{fmt_duration(elapsed)}, ETA {fmt_duration(elapsed / done * (total - done))}"
 
 
+def set_cuda_visible_devices(value: str) -> None:
+    """Export ``CUDA_VISIBLE_DEVICES`` (RAGEN's ``system.CUDA_VISIBLE_DEVICES``, mapped by ``ragen_keys``); once torch
+    has initialised CUDA a different value cannot take effect, so that stops the run (it never happens from the
+    command line, where this runs first)."""
+    import os
+
+    value = str(value).strip()
+    if os.environ.get("CUDA_VISIBLE_DEVICES") == value:
+        return
+    if torch.cuda.is_initialized():
+        raise ValueError(f"system.CUDA_VISIBLE_DEVICES={value}: CUDA is already initialised in this process with "
+                         f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}; give it on the command "
+                         "line (or export it before starting)")
+    os.environ["CUDA_VISIBLE_DEVICES"] = value
+
+
 def quiet_transformers() -> None:
     """One progress line per step is ours; transformers' load/save progress bars are noise here."""
     from transformers.utils import logging as hf_logging

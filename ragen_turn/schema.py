@@ -210,18 +210,35 @@ class ActorOptimConfig:
 
 @dataclass
 class PolicyLossConfig:
-    loss_mode: str = key(choices=_policy_losses)
-    ratio_mode: str = key(choices=("sum", "geo_mean"))
-    loss_agg_mode: Optional[str] = key(None, choices=_loss_agg_modes)
+    """``actor_rollout_ref.actor.policy_loss``: the policy loss and its knobs, each knob's default here and only here.
+
+    Every other list of the knobs is derived from these fields (:func:`policy_loss_knobs`): verl's
+    ``RagenPolicyLossConfig`` (``engines/verl/register.py``) and the ``policy_loss`` section ``to_verl_config``
+    writes. ``ragen_turn.algos.loss_settings`` reads each knob (``algos`` imports no config module; its own
+    defaults, for a direct call, are checked equal to these by ``tests/test_policy_loss_options.py``).
+    """
+
+    loss_mode: str = key(choices=_policy_losses)  # the yaml sets it: ${algo.policy_loss}
+    ratio_mode: str = key(choices=("sum", "geo_mean"))  # the yaml sets it: ${algo.ratio_mode}
+    loss_agg_mode: Optional[str] = key(None, choices=_loss_agg_modes)  # null = the loss's default (docs/SPEC.md)
     turn_band: str = key("fixed", choices=_turn_bands)  # fixed | sqrt_len: a turn ratio's clip band (SPEC)
     token_band: bool = key(False)  # inside a turn ratio, tokens outside token PPO's band get no gradient (SPEC)
     token_clip_low: float = key(0.2, ge=0, lt=1)  # token_band's band (token PPO's), not the turn's clip range
     token_clip_high: float = key(0.28, **NON_NEGATIVE)
-    loss_scale_factor: Optional[float] = key(None, **POSITIVE)  # seq-mean-token-sum-norm's constant (verl's key)
-    clip_bias: bool = key()
-    clip_bias_level: str = key(choices=("sample", "batch"))
-    clip_bias_stat: str = key(choices=("mass", "rms"))
-    clip_bias_threshold: Optional[float] = key(None, **POSITIVE)  # null = the stat's default (1 for mass, 5 for rms)
+    loss_scale_factor: Optional[float] = key(None, **POSITIVE)  # seq-mean-token-sum-norm's constant (verl's key;
+    #                                                             null: max_turn x response_length)
+    clip_bias: bool = key(False)  # the clipping-bias correction (the s_ppo and st_ppo losses force it)
+    clip_bias_level: str = key("sample", choices=("sample", "batch"))  # batch: one scale from the mini-batch
+    clip_bias_stat: str = key("mass", choices=("mass", "rms"))  # mass (SPEC's reading) | rms (SORL's code)
+    clip_bias_threshold: Optional[float] = key(None, **POSITIVE)  # scale by 1/r only where r > this; null = the
+    #                                                               stat's default (1 for mass, 5 for rms)
+
+
+def policy_loss_knobs() -> Dict[str, Tuple[Any, Any]]:
+    """``name -> (type, default)`` of every :class:`PolicyLossConfig` knob (all its fields but ``loss_mode``,
+    which verl's own ``PolicyLossConfig`` has); a default the yaml must set (``ratio_mode``) reads None."""
+    return {f.name: (f.type, None if f.default is MISSING else f.default)
+            for f in dataclasses.fields(PolicyLossConfig) if f.name != "loss_mode"}
 
 
 @dataclass

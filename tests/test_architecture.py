@@ -253,7 +253,8 @@ def test_a_new_algorithm_is_one_registry_entry_and_one_yaml(tmp_path):
 
 def test_a_working_tree_that_is_not_installed_finds_its_envs(tmp_path):
     """The GPU scripts run ``python -m ragen_turn.train`` from a copy of the tree with no install: ragen_turn.envs is
-    that copy's top-level envs/ (ragen_turn/__init__.py), as setup.py's package_dir maps it on an install. Run with
+    that copy's top-level envs/ (ragen_turn/__init__.py), as setup.py's package_dir maps it on an install, and the
+    copy's benchmarks/, scripts/ and tests/ are not ragen_turn subpackages (issue #62 item 7). Run with
     ``-S`` and the dependencies on PYTHONPATH, so this venv's editable install (its finder) is not there to help."""
     import shutil
     import site
@@ -264,10 +265,170 @@ def test_a_working_tree_that_is_not_installed_finds_its_envs(tmp_path):
     for part in ("ragen_turn", "envs"):
         shutil.copytree(ROOT / part, tree / part, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copyfile(ROOT / "setup.py", tree / "setup.py")
+    for other in ("benchmarks", "scripts", "tests"):  # the tree's other top-level folders stay out of the package
+        (tree / other).mkdir()
+        (tree / other / "probe.py").write_text("")
     code = ("import ragen_turn.envs.sokoban.env as m, ragen_turn.envs as e; print(m.__file__); "
-            "print(sorted(e.REGISTERED_ENVS)[:3]); import importlib.util as u; print(u.find_spec('ragen_turn.envs'))")
+            "print(sorted(e.REGISTERED_ENVS)[:3]); import importlib.util as u; print(u.find_spec('ragen_turn.envs')); "
+            "import ragen_turn; print([u.find_spec(f'ragen_turn.{x}') for x in ('benchmarks', 'scripts', 'tests')]); "
+            "print(ragen_turn.__path__)")
     env = {"PYTHONPATH": os.pathsep.join([str(tree), *site.getsitepackages()]), "PATH": os.environ.get("PATH", "")}
     out = subprocess.run([sys.executable, "-S", "-c", code], cwd=tree, env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.splitlines()[0] == str(tree / "envs" / "sokoban" / "env.py"), out.stdout
+    lines = out.stdout.splitlines()
+    assert lines[0] == str(tree / "envs" / "sokoban" / "env.py"), out.stdout
+    assert lines[3] == "[None, None, None]" and lines[4] == str([str(tree / "ragen_turn")]), out.stdout
     assert not (tree / "ragen_turn" / "envs").exists()  # nothing made inside the package
+
+
+# ---------------------------------------------------------------------------------------- the names the doc cites
+# cited on purpose though not in this tree: the worked example's new files and names, verl's own classes and
+# methods, and a generic call or key
+NOT_OURS = {"config/algo/rloo.yaml", "rloo", "DataProto", "DataProto.select_idxs", "RayPPOTrainer",
+            "_compute_old_log_prob", "_compute_ref_log_prob", "_compute_values",  # RayPPOTrainer's own steps
+            "optimizer.step()", "cfg.a.b"}
+
+
+def defined_names() -> Dict[str, Set[str]]:
+    """``scope -> the names defined in it``, over ``ragen_turn/`` and ``envs/``: a scope is a module's path without
+    ``.py`` (``ragen_turn/engines/advantages``; a package's ``__init__`` is the package), each tail of it
+    (``engines/advantages``, ``advantages``) and each class name; ``""`` holds every name. A name is defined by a
+    def, a class, an assignment, an import or a keyword argument's name in a registry call."""
+    out: Dict[str, Set[str]] = {"": set()}
+    for path in [*(ROOT / "ragen_turn").rglob("*.py"), *(ROOT / "envs").rglob("*.py")]:
+        rel = path.relative_to(ROOT).with_suffix("")
+        parts = [p for p in rel.parts if p != "__init__"]
+        names: Set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+                if isinstance(node, ast.ClassDef):
+                    inner = {n.name for n in node.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+                    inner |= {t.id for n in node.body if isinstance(n, (ast.Assign, ast.AnnAssign))
+                              for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
+                              if isinstance(t, ast.Name)}
+                    out.setdefault(node.name, set()).update(inner)
+                    out[""] |= inner
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+                for t in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                    names |= {n.id for n in ast.walk(t) if isinstance(n, ast.Name)}
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+            elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant) \
+                    and isinstance(node.args[0].value, str) and getattr(node.func, "id", "").startswith("register"):
+                names.add(node.args[0].value)  # a registry entry's name: @register_policy_loss("turn_ppo", ...)
+        for i in range(len(parts)):
+            out.setdefault("/".join(parts[i:]), set()).update(names)
+        out[""] |= names
+    return out
+
+
+def config_keys() -> Set[str]:
+    """Every dotted key of the schema and each of its tails (``critic.level``, ``level``), and RAGEN's keys."""
+    from ragen_turn import schema
+
+    keys: Set[str] = set()
+
+    def walk(cls, prefix):
+        for f in dataclasses_fields(cls):
+            key = prefix + f.name
+            sub = schema._inner(f.type)
+            if isinstance(sub, type) and hasattr(sub, "__dataclass_fields__"):
+                walk(sub, key + ".")
+            parts = key.split(".")
+            keys.update(".".join(parts[i:]) for i in range(len(parts)))
+
+    walk(schema.RunConfig, "")
+    from ragen_turn.ragen_keys import BY_KEY  # RAGEN's keys, mapped onto ours (system.CUDA_VISIBLE_DEVICES)
+
+    return keys | set(BY_KEY)
+
+
+def dataclasses_fields(cls):
+    import dataclasses
+
+    return dataclasses.fields(cls)
+
+
+def cited_names() -> List[str]:
+    """The code names ARCHITECTURE.md cites in backticks: paths (``algos/losses.py``, ``engines/``), dotted names
+    (``rollout_filter.filter_rows``, ``StarPOTrainer.train_step``, ``critic.level``) and names with an underscore or
+    a capital (``critic_targets``, ``GlobalCounts``). Plain words (``turn``, ``none``) and code with spaces or
+    operators (a command line, ``key=value``) are left out."""
+    text = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
+    text = re.sub(r"```.*?```", "", text, flags=re.S)
+    out = []
+    for tok in re.findall(r"`([^`\n]+)`", text):
+        if re.fullmatch(r"[\w./]+(\(\))?", tok) and ("/" in tok or "." in tok or "_" in tok or tok != tok.lower()):
+            out.append(tok)
+    return sorted(set(out))
+
+
+def _is_module(dotted: str) -> bool:
+    """``engines.verl``, ``ragen_turn.envs``: a package or module of ours (``ragen_turn.`` optional)."""
+    parts = dotted.split(".")
+    parts = parts[1:] if parts[0] == "ragen_turn" else parts
+    if parts and parts[0] == "envs":
+        base, parts = ROOT / "envs", parts[1:]
+    else:
+        base = ROOT / "ragen_turn"
+    path = base.joinpath(*parts)
+    return path.is_dir() or path.with_suffix(".py").is_file()
+
+
+def _cited_exists(tok: str, names: Dict[str, Set[str]], keys: Set[str]) -> bool:
+    from ragen_turn import runfiles
+
+    tok = tok.removesuffix("()")
+    if tok in vars(runfiles).values() or _is_module(tok) or tok in keys:  # a run's file, a module, a config key
+        return True
+    if "/" in tok or re.search(r"\.(py|yaml|md)$", tok):  # a path: from the root, ragen_turn/ or as a tail
+        if any((base / tok).exists() for base in (ROOT, ROOT / "ragen_turn", ROOT / "ragen_turn" / "engines")):
+            return True
+        if any(p.relative_to(ROOT).as_posix().endswith("/" + tok.rstrip("/"))
+               for d in ("ragen_turn", "envs", "config") for p in ROOT.glob(f"{d}/**/*")):
+            return True
+    scope, _, name = tok.rpartition(".")  # engines/advantages.compute_advantages, Trajectory.from_episodes
+    if scope and name in names.get(scope.replace(".", "/"), ()):
+        return True
+    return not scope and tok in names[""]
+
+
+def test_the_names_architecture_md_cites_exist():
+    """Each file, module, function, class, method and config key docs/ARCHITECTURE.md names in backticks is in the
+    tree (issue #62: it named ``common.compute_advantages`` and ``common.pad_rows`` long after they moved)."""
+    names, keys = defined_names(), config_keys()
+    cited = cited_names()
+    assert {"rollout_filter.filter_rows", "StarPOTrainer.train_step", "critic_targets", "algos/losses.py"} <= set(cited)
+    missing = [t for t in cited if t not in NOT_OURS and not _cited_exists(t, names, keys)]
+    assert not missing, f"docs/ARCHITECTURE.md cites names this tree lacks: {missing}"
+    for stale in ("common.compute_advantages", "common.pad_rows", "engines/nowhere.py", "StarPOTrainer.no_such"):
+        assert not _cited_exists(stale, names, keys), stale  # the check can fail
+
+
+# ---------------------------------------------------------------------------------------- repeated blocks
+def repeated_blocks(files: List[Path], root: Path = ROOT, width: int = 6, min_chars: int = 100) -> List[List[str]]:
+    """Blocks of ``width`` code lines (stripped; blank lines, comments and lone closers / ``else:`` / ``try:`` left
+    out) of at least ``min_chars`` characters that appear at more than one place, as ``["file:line", ...]``."""
+    trivial = {")", "]", "}", "else:", "try:", '"""', "return out", "return None"}
+    seen: Dict[tuple, List[str]] = {}
+    for path in files:
+        lines = [(i + 1, t.strip()) for i, t in enumerate(path.read_text().splitlines())]
+        lines = [(i, t) for i, t in lines if t and not t.startswith("#") and t not in trivial]
+        for k in range(len(lines) - width + 1):
+            block = tuple(t for _, t in lines[k:k + width])
+            if sum(map(len, block)) >= min_chars:
+                seen.setdefault(block, []).append(f"{path.relative_to(root)}:{lines[k][0]}")
+    return [where for where in seen.values() if len(where) > 1]
+
+
+def test_no_block_of_six_lines_is_repeated(tmp_path):
+    """Issue #62: a block of six or more code lines lives once in ragen_turn/ and envs/ (the decode step, the envs'
+    success / done members were copies); the checker finds a planted copy."""
+    files = sorted([*(ROOT / "ragen_turn").rglob("*.py"), *(ROOT / "envs").rglob("*.py")])
+    assert not repeated_blocks(files)
+    block = "".join(f"value_{i} = compute_something_long(argument_{i}, other_argument_{i})\n" for i in range(6))
+    planted = [tmp_path / "a.py", tmp_path / "b.py"]
+    for p in planted:
+        p.write_text(f"import {p.stem}\n" + block)
+    assert repeated_blocks(planted, tmp_path) == [["a.py:2", "b.py:2"]]

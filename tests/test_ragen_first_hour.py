@@ -277,9 +277,8 @@ def test_cuda_visible_devices_from_a_config_is_set_and_recorded(monkeypatch):
 
 
 def test_model_path_selects_the_real_model_defaults(tmp_path, capsys):
-    from ragen_turn.ragen_keys import NOTES
+    from ragen_turn.ragen_keys import move_ragen_overrides
 
-    NOTES.clear()
     for overrides in ([f"model_path={tmp_path}"], ["model=hf", f"model_path={tmp_path}"]):
         cfg = micro_config(overrides)
         assert cfg.model.name == "hf" and cfg.model.path == str(tmp_path)
@@ -288,7 +287,9 @@ def test_model_path_selects_the_real_model_defaults(tmp_path, capsys):
         assert cfg.agent_proxy.max_context_tokens == 3600
     cfg = compose_config_named([f"model_path={tmp_path}"], "base")
     assert cfg.actor_rollout_ref.rollout.response_length == 400
-    assert len(NOTES) >= 1 and "model=hf" in NOTES[0] and "lr 1e-6" in NOTES[0]
+    notes = []
+    move_ragen_overrides([f"model_path={tmp_path}"], notes)
+    assert len(notes) == 1 and "model=hf" in notes[0] and "lr 1e-6" in notes[0]
     with pytest.raises(ValueError, match="add model=hf"):
         micro_config(["model=tiny", f"model_path={tmp_path}"])
 

@@ -1,8 +1,10 @@
 """ragen_turn.runfiles: the one parser of metrics.jsonl, under the trainers' rule (read_metrics: resume, run
 summary) and the report's (read_step_rows), on hand-written logs: torn last lines, bad lines in the middle,
 null / NaN, repeated steps, objects without a step."""
+import ast
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -23,6 +25,24 @@ def test_the_trainers_and_the_report_share_one_reader_and_its_names():
     from ragen_turn.report import runs
 
     assert runs.read_step_rows is runfiles.read_step_rows and runs.VAL_SUCCESS is runfiles.VAL_SUCCESS
+
+
+def test_every_run_file_name_comes_from_runfiles():
+    """No module of the package or envs/ spells a run directory's file name (``"metrics.jsonl"``,
+    ``"checkpoints"``, ...) as a string of its own: each takes it from ``runfiles`` (issue #62 item 3).
+    Prose may name them (docstrings, a message's ``<run>/checkpoints/latest``): only a string that is exactly a
+    name counts."""
+    names = {v for k, v in vars(runfiles).items() if k.endswith(("_FILE", "_DIR", "_LOG", "_PAGE"))}
+    assert {"metrics.jsonl", "run.lock", "checkpoints", "val_generations.jsonl"} <= names
+    root = Path(runfiles.__file__).resolve().parents[1]
+    found = []
+    for path in sorted([*(root / "ragen_turn").rglob("*.py"), *(root / "envs").rglob("*.py")]):
+        if path.name == "runfiles.py" and path.parent.name == "ragen_turn":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and node.value in names:
+                found.append(f"{path.relative_to(root)}:{node.lineno}: {node.value!r}")
+    assert not found, found
 
 
 def test_parse_marks_only_the_last_non_blank_bad_line_torn():

@@ -577,3 +577,15 @@ def test_warmstart_demonstrations_are_the_expert_responses(search_tokenizer):
     slot.env.reset(seed=slot.seed)
     first = demo_responder(cfg, 0)(slot)
     assert first == "<think>I need to look this up.</think>" + slot.env.solve()[0]
+
+
+def test_env_configs_refuse_unknown_keys_naming_the_env():
+    """search_qa's and webshop's ``from_dict`` (one helper, envs/base.py ``known_keys_config``): an unknown key stops
+    naming the env, the key and the known ones; known keys build the config."""
+    from ragen_turn.envs.search_qa.config import SearchQAEnvConfig
+    from ragen_turn.envs.webshop.config import WebShopEnvConfig
+
+    for cls, name in ((SearchQAEnvConfig, "search_qa"), (WebShopEnvConfig, "webshop")):
+        with pytest.raises(ValueError, match=rf"^{name}: unknown config key\(s\) \['topkk'\]; known: \[.*'max_turns'"):
+            cls.from_dict({"topkk": 3, "max_turns": 4})
+        assert cls.from_dict({"max_turns": 4}) == cls(max_turns=4)

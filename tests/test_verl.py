@@ -867,7 +867,7 @@ def test_trainer_class_subclasses_verls_ray_ppo_trainer():
     import ragen_turn.engines.verl.trainer as vt
     from ragen_turn.engines import advantages
 
-    assert issubclass(vt.StarPOTrainer, RayPPOTrainer)
+    assert issubclass(vt.VerlStarPOTrainer, RayPPOTrainer)
     # one trainer for every algorithm: the turn critic is critic_batch on advantages.critic_targets
     assert not hasattr(vt, "TurnPPOTrainer") and not hasattr(vt, "TRAINERS")
     assert vt.critic_targets is advantages.critic_targets
@@ -896,7 +896,7 @@ def test_mix_within_ranks_undoes_verls_length_sorted_minibatches_and_keeps_the_b
     from verl import DataProto
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
-    from ragen_turn.engines.verl.trainer import StarPOTrainer, mix_within_ranks
+    from ragen_turn.engines.verl.trainer import VerlStarPOTrainer, mix_within_ranks
 
     B, mini, width = 64, 16, 80
     lengths = torch.randperm(B, generator=torch.Generator().manual_seed(3)) + 10  # distinct, 10..73
@@ -919,7 +919,7 @@ def test_mix_within_ranks_undoes_verls_length_sorted_minibatches_and_keeps_the_b
         return out
 
     assert any(0 in h for h in halves(balanced))  # verl's order: some mini-batch has no short (or no long) row
-    StarPOTrainer.order_rows(stub, batch, {}, step=3)  # what train_step calls: verl's balancing, then the mix
+    VerlStarPOTrainer.order_rows(stub, batch, {}, step=3)  # what train_step calls: verl's balancing, then the mix
     mixed = batch.batch["row"]
     for before, after in zip(balanced.view(dp, -1), mixed.view(dp, -1)):
         assert sorted(before.tolist()) == sorted(after.tolist())  # each rank keeps its rows
@@ -960,7 +960,7 @@ def test_verl_advantages_equal_the_local_engines(model_dir, algo):
     """Advantages on the verl layout (response coordinates) == the local engine's on its own layout."""
     from ragen_turn import algos
     from ragen_turn.engines import advantages
-    from ragen_turn.engines.verl.trainer import StarPOTrainer, critic_batch, to_trajectory
+    from ragen_turn.engines.verl.trainer import VerlStarPOTrainer, critic_batch, to_trajectory
     from ragen_turn.rollout import Trajectory
     from ragen_turn.rollout.trajectory import Episode
 
@@ -973,7 +973,7 @@ def test_verl_advantages_equal_the_local_engines(model_dir, algo):
     values = torch.randn(B, R, generator=g)
     out.batch["values"] = values
 
-    t = StarPOTrainer.__new__(StarPOTrainer)
+    t = VerlStarPOTrainer.__new__(VerlStarPOTrainer)
     t.rcfg = vcfg.ragen
     t.reward_kl_ctrl = None  # no KL in the reward (algorithm.use_kl_in_reward=false)
     traj = to_trajectory(out)
@@ -1126,7 +1126,7 @@ def _trainer_with_fake_workers(model_dir, tmp_path, algo, *overrides):
     from verl.trainer.ppo.utils import Role
     from verl.utils.config import omega_conf_to_dataclass
 
-    from ragen_turn.engines.verl.trainer import StarPOTrainer as cls
+    from ragen_turn.engines.verl.trainer import VerlStarPOTrainer as cls
 
     _, vcfg = verl_cfg(model_dir, f"algo={algo}", "agent_proxy.max_turn=3",
                        "actor_rollout_ref.rollout.response_length=12",

@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Mapping, Optional
 
 from gymnasium.utils import seeding
 
-from ..base import BaseDiscreteActionEnv, check_seed, config_from
+from ..base import BaseDiscreteActionEnv, EpisodeStatus, check_seed, config_from
 from .config import ARM_PAIRS, BanditEnvConfig
 
 # RAGEN's first observation, to the character (its trailing spaces included)
@@ -30,7 +30,7 @@ PROMPT = ("You are playing a bandit game. Goal: Maximize your total reward by ch
           "<answer> {b} </answer>.\n")
 
 
-class BanditEnv(BaseDiscreteActionEnv):
+class BanditEnv(EpisodeStatus, BaseDiscreteActionEnv):
     """Two arms, ids ``start`` and ``start + 1``; one valid pull ends the episode.
 
     ``step`` takes an arm id (int or numpy integer), the arm's name or its id as text (case and spaces ignored).
@@ -159,17 +159,6 @@ class BanditEnv(BaseDiscreteActionEnv):
             self._rng.bit_generator.state = rng_state
         self.ACTION_LOOKUP = dict(lookup)
         self.config.action_lookup = dict(lookup)
-
-    @property
-    def success(self) -> bool:
-        return self._success
-
-    @property
-    def done(self) -> bool:
-        return self._done
-
-    def close(self) -> None:
-        pass
 
 
 __all__ = ["BanditEnv", "PROMPT"]

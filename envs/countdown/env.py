@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Mapping, Optional
 
 import numpy as np
 
-from ..base import BaseLanguageBasedEnv, check_seed, config_from
+from ..base import BaseLanguageBasedEnv, EpisodeStatus, check_seed, config_from
 from .arith import equals_target, has_plus_minus_solution, plus_minus_equation, uses_numbers
 from .config import CountdownEnvConfig
 
@@ -45,7 +45,7 @@ def load_problems(path: str, max_instances: int) -> List[Dict[str, Any]]:
     return rows
 
 
-class CountdownEnv(BaseLanguageBasedEnv):
+class CountdownEnv(EpisodeStatus, BaseLanguageBasedEnv):
     """The action is the expression text (RAGEN hands the env the text inside ``<answer>``); one answer ends the
     episode. The expression is parsed, never ``eval``-ed: numbers, + - * / // % **, unary signs and parentheses
     (powers above 64 count as wrong). An action that is not text is an invalid move: nothing happens, it costs
@@ -127,17 +127,6 @@ class CountdownEnv(BaseLanguageBasedEnv):
     def set_state(self, state: tuple) -> None:
         problem, self.index, self._obs, self._done, self._success = state
         self.problem = dict(problem) if problem else None
-
-    @property
-    def success(self) -> bool:
-        return self._success
-
-    @property
-    def done(self) -> bool:
-        return self._done
-
-    def close(self) -> None:
-        pass
 
 
 __all__ = ["CountdownEnv", "generate_problem", "load_problems"]

@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
-from ..base import normalize_split as _normalize_split
+from ..base import known_keys_config, normalize_split as _normalize_split
 from .data import CORPUS_HINT, QA_FORMATS, QA_HINT, require_file
 
 SPLITS = ("train", "val", "test")
@@ -101,12 +101,7 @@ class SearchQAEnvConfig:
 
     @classmethod
     def from_dict(cls, d: Optional[Mapping[str, Any]] = None) -> "SearchQAEnvConfig":
-        d = dict(d or {})
-        unknown = sorted(set(d) - {f.name for f in fields(cls)})
-        if unknown:
-            raise ValueError(f"search_qa: unknown config key(s) {unknown}; "
-                             f"known: {sorted(f.name for f in fields(cls))}")
-        return cls(**d)
+        return known_keys_config(cls, d, "search_qa")
 
     @property
     def resolved_corpus_path(self) -> str:

@@ -131,8 +131,3 @@ class SokobanEnvConfig:
         if self.render_mode not in ("text", "ansi", "grid"):
             raise ValueError(f"render_mode must be 'text' (or 'ansi' / 'grid'), got {self.render_mode!r}")
         self.compute_optimal = bool(self.compute_optimal)
-
-    @property
-    def num_gen_steps_resolved(self) -> int:
-        rows, cols = self.dim_room
-        return self.num_gen_steps if self.num_gen_steps is not None else int(1.7 * (rows + cols))

@@ -7,12 +7,12 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
-from ..base import BaseDiscreteActionEnv, check_seed, config_from
+from ..base import BaseDiscreteActionEnv, EpisodeStatus, check_seed, config_from
 from .config import SokobanEnvConfig
 from .generation import generate_flat, normalize_seed
 from .room import (
     BOX, BOX_ON_TARGET, DEFAULT_ACTION_LOOKUP, DEFAULT_GRID_LOOKUP, PLAYER,
-    PLAYER_ON_TARGET, TARGET, from_arrays, has_wall_border, to_arrays,
+    PLAYER_ON_TARGET, TARGET, flat_deltas, from_arrays, has_wall_border, to_arrays,
 )
 from .solver import solve_flat
 
@@ -39,7 +39,7 @@ def build_instruction(config: SokobanEnvConfig) -> str:
     )
 
 
-class SokobanEnv(BaseDiscreteActionEnv):
+class SokobanEnv(EpisodeStatus, BaseDiscreteActionEnv):
     """RAGEN-compatible Sokoban with a text observation (rows joined by newlines, one symbol per cell).
 
     Rewards as gym-sokoban / RAGEN: -0.1 per step, +1 when the number of boxes on targets rose since
@@ -152,7 +152,7 @@ class SokobanEnv(BaseDiscreteActionEnv):
         self._rows, self._cols = rows, cols
         self.dim_room = (rows, cols)
         self._fixed = fixed
-        self._deltas = (0, -cols, cols, -1, 1)
+        self._deltas = flat_deltas(cols)
         self._cs = cs = self._cell_symbols(rows, cols)
         self._base = [cs[i][fixed[i]] for i in range(rows * cols)]
         self._player = player
@@ -376,14 +376,6 @@ class SokobanEnv(BaseDiscreteActionEnv):
     def optimal_steps(self) -> int:
         """Length of the shortest solution from the reset state (-1 if not computed)."""
         return self._optimal
-
-    @property
-    def success(self) -> bool:
-        return self._success
-
-    @property
-    def done(self) -> bool:
-        return self._done
 
 
 __all__ = ["SokobanEnv", "build_instruction"]

@@ -37,7 +37,7 @@ from typing import Dict, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 
-from .room import FLOOR, OPPOSITE_ACTION, TARGET, to_arrays
+from .room import FLOOR, OPPOSITE_ACTION, TARGET, flat_deltas, to_arrays
 from .solver import solve_flat
 
 # Floor stamps carved around the walker, as (d_row, d_col) offsets (same shapes as gym-sokoban).
@@ -173,7 +173,7 @@ def _reverse_play(rows: int, cols: int, fixed: bytearray, player: int, targets: 
     Returns ``(score, player, boxes, displacement, solution)`` of the best state; score 0 means none.
     """
     n = rows * cols
-    deltas = (-cols, cols, -1, 1)                     # RAGEN's order: up, down, left, right
+    deltas = flat_deltas(cols)[1:]                    # RAGEN's order: up, down, left, right
     fwd_action = tuple(OPPOSITE_ACTION[a] for a in (1, 2, 3, 4))  # a reverse move is undone by the opposite
     tmask = 0
     for t in targets:
@@ -248,7 +248,7 @@ def _random_walk(fixed: bytearray, cols: int, player: int, boxes: Tuple[int, ...
     Returns the new player cell and the actions that walk it back."""
     if rs.raw() >= (_P80 if displacement == 1 else _P50):
         return player, []
-    deltas = (-cols, cols, -1, 1)
+    deltas = flat_deltas(cols)[1:]
     visited = [player]
     back: List[int] = []
     for _ in range(3):

@@ -13,7 +13,7 @@ from typing import Iterable, List, Optional, Sequence
 
 import numpy as np
 
-from .room import TARGET, from_arrays, has_wall_border, pad_with_walls
+from .room import TARGET, flat_deltas, from_arrays, has_wall_border, pad_with_walls
 
 DEFAULT_MAX_NODES = 2_000_000
 
@@ -25,7 +25,7 @@ def push_distances(cols: int, fixed: Sequence[int]) -> List[int]:
     queue = [i for i in range(n) if fixed[i] == TARGET]
     for t in queue:
         dist[t] = 0
-    deltas = (-cols, cols, -1, 1)
+    deltas = flat_deltas(cols)[1:]  # up, down, left, right
     for x in queue:  # the list grows while iterating: a plain FIFO
         dx = dist[x] + 1
         for d in deltas:
@@ -81,7 +81,7 @@ def solve_flat(rows: int, cols: int, fixed: Sequence[int], player: int, boxes: I
     limit = float("inf") if max_depth is None else int(max_depth)
     if h0 > limit:
         return None
-    deltas = (-cols, cols, -1, 1)
+    deltas = flat_deltas(cols)[1:]  # up, down, left, right
     key0 = m0 * n + player
     best_g = {key0: 0}
     parent = {key0: (-1, 0)}

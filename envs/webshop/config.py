@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional
 
 from .catalog import DATA_HELP, WebShopDataError
-from ..base import env_cache_dir, normalize_split as _normalize_split
+from ..base import env_cache_dir, known_keys_config, normalize_split as _normalize_split
 
 SPLITS = ("train", "val", "test", "all")
 OBSERVATION_MODES = ("text", "text_rich", "compact")
@@ -126,12 +126,7 @@ class WebShopEnvConfig:
 
     @classmethod
     def from_dict(cls, d: Optional[Mapping[str, Any]] = None) -> "WebShopEnvConfig":
-        d = dict(d or {})
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"webshop: unknown config key(s) {unknown}; known: {sorted(known)}")
-        return cls(**d)
+        return known_keys_config(cls, d, "webshop")
 
     @property
     def resolved_data_dir(self) -> str:

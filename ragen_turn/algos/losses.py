@@ -60,6 +60,10 @@ get_policy_loss_fn = POLICY_LOSS_REGISTRY.lookup
 policy_loss_spec = POLICY_LOSS_REGISTRY.spec  # name -> LossSpec
 
 TURN_BANDS = ("fixed", "sqrt_len")
+RATIO_MODES = ("sum", "geo_mean")
+CLIP_BIAS_LEVELS = ("sample", "batch")
+CLIP_BIAS_STATS = ("mass", "rms")
+CLIP_BIAS_THRESHOLDS = {"mass": 1.0, "rms": 5.0}  # clip_bias_threshold's default, per clip_bias_stat
 TOKEN_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 TURN_AGG_MODES = ("turn-mean", "token-mean", "seq-mean-turn-sum-token-norm")
 
@@ -69,7 +73,9 @@ TURN_AGG_MODES = ("turn-mean", "token-mean", "seq-mean-turn-sum-token-norm")
 # --------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class LossSettings:
-    """The knobs of every policy loss, read from a config and checked (:func:`loss_settings`)."""
+    """The knobs of every policy loss, read from a config and checked (:func:`loss_settings`). The defaults are
+    for a direct call; a run's config carries every knob (its defaults: ``PolicyLossConfig`` in
+    ``ragen_turn/schema.py``, which ``tests/test_policy_loss_options.py`` checks these against)."""
 
     clip_low: float = 0.2
     clip_high: float = 0.28
@@ -79,7 +85,7 @@ class LossSettings:
     clip_bias: bool = False
     clip_bias_level: str = "sample"
     clip_bias_stat: str = "mass"
-    clip_bias_threshold: float = 1.0
+    clip_bias_threshold: float = CLIP_BIAS_THRESHOLDS["mass"]
     turn_band: str = "fixed"
     token_band: bool = False
     loss_scale_factor: Optional[float] = None
@@ -95,29 +101,31 @@ class LossSettings:
 
 
 def loss_settings(config: Any) -> LossSettings:
-    """Read and check the loss keys of ``config``; a ValueError names the bad key."""
+    """Read and check the loss keys of ``config``; a ValueError names the bad key. A key the config lacks (or
+    sets to null) takes :class:`LossSettings`' default (the run config's defaults: ``ragen_turn/schema.py``)."""
+    d = _DEFAULTS
     both = cfg_get(config, "clip_ratio", None)
-    low = float(cfg_get(config, "clip_ratio_low", both if both is not None else 0.2))
-    high = float(cfg_get(config, "clip_ratio_high", both if both is not None else 0.28))
+    low = float(cfg_get(config, "clip_ratio_low", both if both is not None else d.clip_low))
+    high = float(cfg_get(config, "clip_ratio_high", both if both is not None else d.clip_high))
     if not (0 <= low < 1) or high < 0:
         raise ValueError(f"clip_ratio_low must be in [0, 1) and clip_ratio_high >= 0, got {low}, {high}")
-    c = float(cfg_get(config, "clip_ratio_c", 3.0))
+    c = float(cfg_get(config, "clip_ratio_c", d.clip_c))
     if not (c > 1.0 and math.isfinite(c)):
         raise ValueError(f"clip_ratio_c (dual clip) must be a finite number > 1, got {c}")
-    mode = cfg_get(config, "ratio_mode", None)
-    if mode not in (None, "sum", "geo_mean"):
+    mode = cfg_get(config, "ratio_mode", d.ratio_mode)
+    if mode not in (None,) + RATIO_MODES:
         raise ValueError(f"ratio_mode must be 'sum' or 'geo_mean', got {mode!r}")
-    agg = cfg_get(config, "loss_agg_mode", None)
-    level = cfg_get(config, "clip_bias_level", "sample")
-    if level not in ("sample", "batch"):
+    agg = cfg_get(config, "loss_agg_mode", d.loss_agg_mode)
+    level = cfg_get(config, "clip_bias_level", d.clip_bias_level)
+    if level not in CLIP_BIAS_LEVELS:
         raise ValueError(f"clip_bias_level must be 'sample' or 'batch', got {level!r}")
-    stat = cfg_get(config, "clip_bias_stat", "mass")
-    if stat not in ("mass", "rms"):
+    stat = cfg_get(config, "clip_bias_stat", d.clip_bias_stat)
+    if stat not in CLIP_BIAS_STATS:
         raise ValueError(f"clip_bias_stat must be 'mass' or 'rms', got {stat!r}")
-    thr = float(cfg_get(config, "clip_bias_threshold", 1.0 if stat == "mass" else 5.0))
+    thr = float(cfg_get(config, "clip_bias_threshold", CLIP_BIAS_THRESHOLDS[stat]))
     if not thr >= 1.0:
         raise ValueError(f"clip_bias_threshold must be >= 1 (the correction only scales down), got {thr}")
-    band = cfg_get(config, "turn_band", "fixed")
+    band = cfg_get(config, "turn_band", d.turn_band)
     if band not in TURN_BANDS:
         raise ValueError(f"turn_band must be one of {TURN_BANDS}, got {band!r}")
     if agg is not None and agg not in TOKEN_AGG_MODES + TURN_AGG_MODES:
@@ -128,18 +136,21 @@ def loss_settings(config: Any) -> LossSettings:
         modes = TOKEN_AGG_MODES if unit == "token" else TURN_AGG_MODES
         if agg not in modes:
             raise ValueError(f"loss_agg_mode {agg!r} is not valid for {loss} (a {unit}-unit loss): {list(modes)}")
-    scale = cfg_get(config, "loss_scale_factor", None)
+    scale = cfg_get(config, "loss_scale_factor", d.loss_scale_factor)
     if scale is not None and not (float(scale) > 0 and math.isfinite(float(scale))):
         raise ValueError(f"loss_scale_factor must be a finite number > 0, got {scale}")
-    tok_low = float(cfg_get(config, "token_clip_low", 0.2))
-    tok_high = float(cfg_get(config, "token_clip_high", 0.28))
+    tok_low = float(cfg_get(config, "token_clip_low", d.token_clip_low))
+    tok_high = float(cfg_get(config, "token_clip_high", d.token_clip_high))
     if not 0 <= tok_low < 1:
         raise ValueError(f"token_clip_low must be in [0, 1), got {tok_low}")
     if not (tok_high >= 0 and math.isfinite(tok_high)):
         raise ValueError(f"token_clip_high must be a finite number >= 0, got {tok_high}")
-    return LossSettings(low, high, c, mode, agg, bool(cfg_get(config, "clip_bias", False)), level, stat, thr,
-                        band, bool(cfg_get(config, "token_band", False)),
+    return LossSettings(low, high, c, mode, agg, bool(cfg_get(config, "clip_bias", d.clip_bias)), level, stat, thr,
+                        band, bool(cfg_get(config, "token_band", d.token_band)),
                         None if scale is None else float(scale), tok_low, tok_high)
+
+
+_DEFAULTS = LossSettings()
 
 
 @dataclass(frozen=True)
@@ -664,7 +675,9 @@ def compute_policy_loss_turn_ppo_geo(old, new, adv, mask, agg, settings, is_w, t
 def policy_loss(name: str, logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
                 response_mask: torch.Tensor, turn_ids: Optional[torch.Tensor] = None, config: Any = None,
                 global_counts: Optional[GlobalCounts] = None) -> tuple[torch.Tensor, Dict[str, float]]:
-    """Dispatch by name (verl's argument order): ``(loss, metrics)``."""
+    """Dispatch by name: ``(loss, metrics)`` of loss ``name``, every tensor ``[B, T]``. Note the order: the new
+    log-probs ``logp`` come before the old ones, the reverse of verl's signature (``old_log_prob, log_prob, ...``);
+    the call passes them to the loss by keyword."""
     return get_policy_loss_fn(name)(old_log_prob=old_logp, log_prob=logp, advantages=advantages,
                                     response_mask=response_mask, config=config, turn_ids=turn_ids,
                                     global_counts=global_counts)

@@ -36,9 +36,10 @@ import time
 from pathlib import Path
 from typing import Callable, Dict, Iterator, List, Optional, Tuple, Union
 
+from ragen_turn.runfiles import (CHECKPOINTS_DIR, CONFIG_FILE, CONFIGS_FILE, ERROR_LOG, GENERATIONS_FILE, INSPECT_PAGE,
+                                  LOCK_FILE, METRICS_FILE, PROVENANCE_FILE, TRACE_FILE)
+
 PathLike = Union[str, os.PathLike]
-LOCK_FILE = "run.lock"
-METRICS_FILE = "metrics.jsonl"
 
 
 # ------------------------------------------------------------------------------------------------ crash points
@@ -320,9 +321,6 @@ IDENTITY_KEYS = ("algo.name", "env.name", "model.name", "model.path", "seed", "e
                  "env.train_tags", "env_module", "model.arch", "model.hidden_size", "model.num_hidden_layers",
                  "model.num_attention_heads", "model.num_key_value_heads", "model.intermediate_size",
                  "model.tie_word_embeddings", "actor_rollout_ref.model.lora_rank")
-CONFIG_FILE = "config.yaml"
-CONFIGS_FILE = "configs.jsonl"
-PROVENANCE_FILE = "provenance.json"
 
 
 def _plain(v):
@@ -409,7 +407,7 @@ def run_records(run_dir: PathLike) -> Tuple[List[Tuple[str, object]], List[str]]
 
 
 def _holds_checkpoints(run_dir: Path) -> bool:
-    return any(p.is_dir() for p in (*run_dir.glob("checkpoints/step_*"), *run_dir.glob("global_step_*")))
+    return any(p.is_dir() for p in (*run_dir.glob(f"{CHECKPOINTS_DIR}/step_*"), *run_dir.glob("global_step_*")))
 
 
 def check_resume_config(cfg, run_dir: PathLike) -> None:
@@ -480,13 +478,15 @@ def run_files(out_dir: PathLike) -> List[Path]:
 
 
 # what makes a directory recognisably a run of ours (trainer.overwrite=true deletes nothing elsewhere)
-RUN_RECORDS = (METRICS_FILE, CONFIG_FILE, "configs.jsonl", "provenance.json")
+RUN_RECORDS = (METRICS_FILE, CONFIG_FILE, CONFIGS_FILE, PROVENANCE_FILE)
 # every name a run of ours writes in its directory: the trainers (both engines), eval.sh, the report, wandb
-_OURS = re.compile(r"^(?:metrics\.jsonl|config\.yaml|configs\.jsonl|provenance\.json|val_generations\.jsonl"
-                   r"|trace\.jsonl|inspect\.html"
-                   r"|error\.log|checkpoints|wandb|report|eval|eval_[^/]*\.json|latest_checkpointed_iteration\.txt"
+_WRITTEN = "|".join(map(re.escape, (METRICS_FILE, CONFIG_FILE, CONFIGS_FILE, PROVENANCE_FILE, GENERATIONS_FILE,
+                                     TRACE_FILE)))  # written atomically: through a .<name>.tmp-<pid> file
+_OURS = re.compile(rf"^(?:{_WRITTEN}|{re.escape(INSPECT_PAGE)}"
+                   rf"|{re.escape(ERROR_LOG)}|{re.escape(CHECKPOINTS_DIR)}|wandb|report|eval|eval_[^/]*\.json"
+                   r"|latest_checkpointed_iteration\.txt"
                    r"|(?:\.(?:tmp|del)_)?global_step_\d+"
-                   r"|\.(?:metrics\.jsonl|config\.yaml|configs\.jsonl|provenance\.json|val_generations\.jsonl|trace\.jsonl"
+                   rf"|\.(?:{_WRITTEN}"
                    r"|latest_checkpointed_iteration\.txt)\.tmp-\d+|\.ragen_turn_write_probe\w*)$")
 # inside checkpoints/: step directories (staged, being deleted), the pointers and their temp files
 _OURS_IN_CHECKPOINTS = re.compile(r"^(?:(?:\.(?:tmp|del)_)?(?:global_)?step_\d+|latest|last_good"
@@ -501,8 +501,9 @@ def foreign_entries(out_dir: PathLike) -> List[str]:
     for p in run_files(out_dir):
         if not _OURS.match(p.name):
             out.append(p.name)
-        elif p.name == "checkpoints" and p.is_dir() and not p.is_symlink():
-            out += [f"checkpoints/{q.name}" for q in sorted(p.iterdir()) if not _OURS_IN_CHECKPOINTS.match(q.name)]
+        elif p.name == CHECKPOINTS_DIR and p.is_dir() and not p.is_symlink():
+            out += [f"{CHECKPOINTS_DIR}/{q.name}" for q in sorted(p.iterdir())
+                    if not _OURS_IN_CHECKPOINTS.match(q.name)]
     return out
 
 

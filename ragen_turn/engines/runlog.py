@@ -19,7 +19,7 @@ import torch
 from ragen_turn.engines.rundir import atomic_write_text, writing
 from ragen_turn.rollout import Trajectory
 from ragen_turn.runtime import fmt_duration
-from ragen_turn.runfiles import PROVENANCE_FILE, VAL_SUCCESS, read_metrics
+from ragen_turn.runfiles import CONFIG_FILE, METRICS_FILE, PROVENANCE_FILE, VAL_SUCCESS, read_metrics
 
 
 def episode_metrics(batch: Trajectory, prefix: str = "env") -> Dict[str, float]:
@@ -230,9 +230,6 @@ def record_provenance(out_dir: Path, step: int, actor: Optional[torch.nn.Module]
     return entry
 
 
-GENERATIONS_FILE = "val_generations.jsonl"  # trainer.log_val_generations: held-out episodes as text, per eval
-
-
 def write_generations(path: Path, step: int, episodes: List[Any], texts: List[str]) -> None:
     """``trainer.log_val_generations``: episodes of the held-out evaluation at ``step`` with their decoded text
     (prompts and responses), one JSON line each (``step``, ``tag``, ``env_seed``, ``reward``, ``success``,
@@ -274,7 +271,7 @@ def run_summary(cfg: Any, out_dir: Path, elapsed: Optional[float] = None, checkp
 
     Returns ``(text, summary)``; ``summary`` holds the same numbers (for a multirun's table)."""
     out_dir = Path(out_dir)
-    rows = read_metrics(out_dir / "metrics.jsonl") if (out_dir / "metrics.jsonl").is_file() else []
+    rows = read_metrics(out_dir / METRICS_FILE) if (out_dir / METRICS_FILE).is_file() else []
     hist = held_out_history(rows)
     steps = max((int(r.get("step", 0)) for r in rows), default=0)
     summary: Dict[str, Any] = {"run": str(out_dir), "steps": steps, "elapsed_s": elapsed,
@@ -303,7 +300,7 @@ def run_summary(cfg: Any, out_dir: Path, elapsed: Optional[float] = None, checkp
                 lines.append(f"  {split} {key[4:]}: " + " -> ".join(f"{v:.3f} at step {s}" for s, v in (h[0], h[-1])))
     if checkpoint is not None:
         lines.append(f"  checkpoint: {checkpoint}")
-    lines.append(f"  metrics:    {out_dir / 'metrics.jsonl'}  (config: {out_dir / 'config.yaml'})")
+    lines.append(f"  metrics:    {out_dir / METRICS_FILE}  (config: {out_dir / CONFIG_FILE})")
     lines.append(f"  next:       bash eval.sh {cfg.env.name} {out_dir}    # held-out evaluation of the last checkpoint")
     lines.append(f"              .venv/bin/python -m ragen_turn.report {out_dir}    "
                  f"# table and curves in {out_dir / 'report'}")

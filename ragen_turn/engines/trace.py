@@ -33,7 +33,6 @@ from ragen_turn.algos import turn_start_values, unit_stats
 from ragen_turn.engines.rundir import writing
 from ragen_turn.rollout import Trajectory
 from ragen_turn.rollout.context import think_text
-from ragen_turn.runfiles import TRACE_FILE  # noqa: F401  (the engines read the file's name here)
 
 OBS_CHARS = 600  # the tail of each turn's observation kept (the first turn's prompt starts with the system prompt)
 DIGITS = 5  # significant digits of every recorded number

@@ -53,6 +53,23 @@ def to_static(model: Any, cache: Any, attn: torch.Tensor, max_new_tokens: int,
     return static, mask
 
 
+def feed_back(step: Callable, nxt: torch.Tensor, attn: torch.Tensor, last_pos: torch.Tensor, cache: Any,
+              static: bool, slot: int, device: torch.device | str) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                                              Any]:
+    """One decode step of both samplers: the sampled tokens ``nxt [B]`` fed back through ``step`` (the model, or its
+    compiled step) at the next position. The mask grows by one column (dynamic cache) or has column ``slot``
+    (= prefill width + k for the k-th new token) set in place (``static``: same shape and address every step).
+    Returns ``(logits [B, V] of the next token, attn, last_pos [B, 1], cache)``."""
+    if static:
+        attn[:, slot] = 1
+    else:
+        attn = torch.cat([attn, attn.new_ones(nxt.shape[0], 1)], dim=1)
+    last_pos = last_pos + 1
+    out = step(input_ids=nxt[:, None].to(device), attention_mask=attn, position_ids=last_pos,
+               past_key_values=cache, use_cache=True, logits_to_keep=1)
+    return out.logits[:, -1], attn, last_pos, (cache if static else out.past_key_values)
+
+
 def compiled_step(model: Any, device: torch.device | str) -> Callable:
     """``model`` through ``torch.compile`` for the decode step: CUDA graphs on a GPU (``reduce-overhead``)."""
     return torch.compile(model, mode="reduce-overhead" if torch.device(device).type == "cuda" else None)

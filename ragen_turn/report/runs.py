@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from ragen_turn.cfg_get import cfg_get
-from ragen_turn.runfiles import (CLIP_TOKEN, CLIP_TURN, CONFIG_FILE, ENTROPY, EVAL_PREFIX, FORMAT_ERRORS, KL,
-                                 METRICS_FILE, PROVENANCE_FILE, RESPONSE_TOKENS, STEP_S, TRAIN_REWARD,
-                                 TRAIN_SUCCESS, VAL_REWARD, VAL_S, VAL_SUCCESS, as_number, read_step_rows)
+from ragen_turn.runfiles import (CHECKPOINTS_DIR, CLIP_TOKEN, CLIP_TURN, CONFIG_FILE, ENTROPY, EVAL_PREFIX,
+                                 FORMAT_ERRORS, KL, METRICS_FILE, PROVENANCE_FILE, RESPONSE_TOKENS, STEP_S,
+                                 TRAIN_REWARD, TRAIN_SUCCESS, VAL_REWARD, VAL_S, VAL_SUCCESS, as_number, read_step_rows)
 
 # the keys whose null / non-finite values each run counts (the NaN column)
 USED_KEYS = (VAL_SUCCESS, VAL_REWARD, TRAIN_SUCCESS, TRAIN_REWARD, CLIP_TOKEN, CLIP_TURN, KL, STEP_S)
@@ -125,7 +125,7 @@ def cut_at(run: Run, step: int) -> Run:
 
 
 def _is_run_dir(d: Path) -> bool:
-    if d.name == ".hydra" or "checkpoints" in d.parts:
+    if d.name == ".hydra" or CHECKPOINTS_DIR in d.parts:
         return False
     if (d / METRICS_FILE).is_file():
         return True
@@ -146,7 +146,7 @@ def find_runs(paths: Iterable[str]) -> List[Path]:
             found.append(p)
             continue
         for root, dirs, files in os.walk(p):
-            dirs[:] = sorted(x for x in dirs if x not in (".hydra", "checkpoints"))
+            dirs[:] = sorted(x for x in dirs if x not in (".hydra", CHECKPOINTS_DIR))
             d = Path(root)
             if (METRICS_FILE in files or CONFIG_FILE in files) and _is_run_dir(d):
                 found.append(d)

@@ -6,7 +6,7 @@ from typing import Any, List, Optional, Sequence
 
 import torch
 
-from ragen_turn.models.kv_cache import check_decode, compiled_step, to_static
+from ragen_turn.models.kv_cache import check_decode, compiled_step, feed_back, to_static
 from ragen_turn.models.lean import KVBuffer, LeanLM, lean_supported
 
 _STOP_TABLES: dict = {}
@@ -265,16 +265,8 @@ class LocalSampler:
             finished |= newly
             if bool(finished.all()):
                 break
-            if static is None:
-                attn = torch.cat([attn, attn.new_ones(B, 1)], dim=1)
-            else:  # written in place: the mask keeps its shape and address
-                attn[:, width + k] = 1
-            last_pos = last_pos + 1
-            out = step(input_ids=nxt[:, None].to(self.device), attention_mask=attn, position_ids=last_pos,
-                       past_key_values=cache, use_cache=True, logits_to_keep=1)
-            logits = out.logits[:, -1]
-            if static is None:
-                cache = out.past_key_values
+            logits, attn, last_pos, cache = feed_back(step, nxt, attn, last_pos, cache, static is not None, width + k,
+                                                      self.device)
         if self.prefix_cache:
             self._remember(prompts, results, cache, slots, width)
         return results

@@ -3,7 +3,8 @@
 One training step, in order (CleanRL's shape, RAGEN's names)::
 
     rollout     BR env groups x G rollouts, multi-turn, token in / token out   -> Trajectory
-    filter      StarPO-S: keep the top rollout_filter_ratio groups by reward std
+    filter      the rollout filter (engines/rollout_filter.py): keep env groups by a score (StarPO-S's top_k by
+                in-group reward std, RAGEN-2's top_p / min_p, ...; the default ratio 1.0 keeps every group)
     score       old log-probs, reference log-probs (KL on), critic values
     advantages  grpo | token_gae | bi_level_gae | turn_gae  (the registry's, by name)
     update      critic, then actor: ppo_epochs x mini-batches (x micro-batches), grad clip
@@ -24,7 +25,7 @@ import random
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -49,7 +50,7 @@ from ragen_turn.config import FilterSpec
 from ragen_turn.engines.advantages import (advantage_metrics, compute_advantages, critic_targets, critic_values,
                                            heldout_critic_explained_var, reward_kl_penalty, score_metrics)
 from ragen_turn.engines.rollout_filter import filter_rows
-from ragen_turn.engines.trace import TRACE_FILE, EpisodeTracer, trace_rows
+from ragen_turn.engines.trace import EpisodeTracer, trace_rows
 from ragen_turn.engines.rundir import (
     DiskFull,
     TrainingStopped,
@@ -61,7 +62,6 @@ from ragen_turn.engines.rundir import (
     writing,
 )
 from ragen_turn.engines.runlog import (
-    GENERATIONS_FILE,
     append_metrics,
     with_ragen_names,
     episode_metrics,
@@ -73,6 +73,7 @@ from ragen_turn.engines.runlog import (
     val_split_name,
     write_generations,
 )
+from ragen_turn.runfiles import CHECKPOINTS_DIR, GENERATIONS_FILE, METRICS_FILE, TRACE_FILE
 from ragen_turn.runtime import derived_seed, eta, fmt_duration, pick_device, seed_everything
 from ragen_turn.models import CriticModel, load_model_and_tokenizer, logprobs_and_hidden, sequence_logprobs
 from ragen_turn.models.lora import lora_of
@@ -123,7 +124,7 @@ class StarPOTrainer:
         self.out_dir = Path(cfg.trainer.default_local_dir)
         # writable, ours alone, no earlier run unless resume/overwrite; trainer.overwrite=true: its files go first
         self.lock = take_run_dir(cfg, log=log)
-        self.ckpt_dir = self.out_dir / "checkpoints"
+        self.ckpt_dir = self.out_dir / CHECKPOINTS_DIR
         ckpt.clean(self.ckpt_dir, log=log)  # what a run killed while writing or deleting a checkpoint left
         if not cfg.trainer.resume and ckpt.step_dirs(self.ckpt_dir):  # its step dirs and pointers only
             ckpt.remove_all(self.ckpt_dir)
@@ -191,7 +192,7 @@ class StarPOTrainer:
         self.update_trace: Dict[str, List[Dict[str, float]]] = {}  # each update's mini-batch metrics, in order
         self.nonfinite_in_a_row = 0
         self.unconfirmed: Optional[Path] = None  # the last checkpoint, until the step after it updates soundly
-        self.metrics_path = self.out_dir / "metrics.jsonl"
+        self.metrics_path = self.out_dir / METRICS_FILE
         self.wandb = None
         if cfg.trainer.resume:
             self.load_checkpoint()
@@ -535,10 +536,7 @@ class StarPOTrainer:
         stats_of = self.clip_stats if needs_minibatch_stats(a.policy_loss.loss_mode, self.loss_cfg) else None
         limit = a.get("max_update_kl")
         stops = [x for x in (a.get("target_kl"), limit) if x is not None]
-        before = None
-        if limit is not None:  # what a rollback restores (a copy of the weights and the optimizer's moments)
-            before = ({k: v.detach().clone() for k, v in self._weights(model).items()},
-                      copy.deepcopy(self.actor_optim.state_dict()))
+        before = self._rollback_point(model) if limit is not None else None
         m, s = self._run_updates(batch, model, self.actor_optim, loss_of, a.ppo_epochs, a.grad_clip, "actor",
                                  stats_of, target_kl=min(stops) if stops else None,
                                  step_scale=a.get("step_scale", "none"))
@@ -548,17 +546,28 @@ class StarPOTrainer:
             self.log(f"[kl] step {self.step + 1}: a mini-batch's approx KL passed {min(stops)} (actor_rollout_ref."
                      f"actor.target_kl / max_update_kl): {int(m['actor/minibatches_stepped'])} mini-batch(es) "
                      f"stepped, the rest of the update skipped")
-        rolled_back = False
-        if limit is not None:
-            kl = metrics["actor/update_kl"] = self.update_kl(batch)
-            if not kl <= limit:
-                model.load_state_dict(before[0], strict=self.lora is None)
-                self.actor_optim.load_state_dict(before[1])
-                rolled_back = True
-                self.log(f"[warn] step {self.step + 1}: the actor's update moved the policy by approx KL {kl:.4g} "
-                         f"> actor_rollout_ref.actor.max_update_kl={limit}: rolled back")
-            metrics["actor/update_rolled_back"] = float(rolled_back)
+        rolled_back = self._roll_back_past(limit, batch, model, before, metrics) if limit is not None else False
         return self._after_update(metrics, skipped, rolled_back)
+
+    def _rollback_point(self, model) -> Tuple[Dict[str, torch.Tensor], Dict[str, Any]]:
+        """What a ``max_update_kl`` rollback restores: a copy of ``model``'s weights and of the actor optimizer's
+        state (its moments)."""
+        return ({k: v.detach().clone() for k, v in self._weights(model).items()},
+                copy.deepcopy(self.actor_optim.state_dict()))
+
+    def _roll_back_past(self, limit: float, batch: Trajectory, model, before, metrics: Dict[str, float]) -> bool:
+        """``actor.max_update_kl``: the update's approx KL over ``batch`` (:meth:`update_kl`, ``actor/update_kl``);
+        above ``limit`` the weights and the optimizer's state go back to ``before`` (:meth:`_rollback_point`).
+        True when rolled back (``actor/update_rolled_back``)."""
+        kl = metrics["actor/update_kl"] = self.update_kl(batch)
+        rolled_back = not kl <= limit
+        if rolled_back:
+            model.load_state_dict(before[0], strict=self.lora is None)
+            self.actor_optim.load_state_dict(before[1])
+            self.log(f"[warn] step {self.step + 1}: the actor's update moved the policy by approx KL {kl:.4g} "
+                     f"> actor_rollout_ref.actor.max_update_kl={limit}: rolled back")
+        metrics["actor/update_rolled_back"] = float(rolled_back)
+        return rolled_back
 
     def _after_update(self, metrics: Dict[str, float], skipped: int, rolled_back: bool) -> Dict[str, float]:
         """Eval mode, and the count of steps in a row whose update was skipped or rolled back."""

@@ -19,6 +19,7 @@ from typing import Any, Dict, FrozenSet, Optional
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from ragen_turn.config import kept_batch_size, policy_loss_config, validate_config
+from ragen_turn.schema import policy_loss_knobs
 
 # every Ray worker imports these at `import verl` (VERL_USE_EXTERNAL_MODULES); the CPU platform first, so it
 # exists before anything asks verl for one
@@ -294,160 +295,204 @@ def lora_model_keys(ar: DictConfig) -> Dict[str, Any]:
             "target_modules": target if isinstance(target, str) else list(target), "lora": {"merge": True}}
 
 
-def to_verl_config(cfg: DictConfig, model_path: Optional[str] = None,
-                   host: Optional[Host] = None) -> DictConfig:
-    """Map our resolved config onto verl's. ``model_path`` defaults to ``model.path``.
+def verl_policy_loss_knobs(cfg: DictConfig) -> Dict[str, Any]:
+    """Our losses' knobs for verl's ``actor.policy_loss`` (``register.RagenPolicyLossConfig`` takes them): every
+    knob of the schema's ``PolicyLossConfig``, as the local engine's loss reads them (``policy_loss_config``:
+    ``loss_scale_factor``'s null is max_turn x response_length there)."""
+    loss = policy_loss_config(cfg)
+    return {k: loss.get(k) for k in policy_loss_knobs()}
 
-    ``host``: the machine the run is for (default: this one; see :class:`Host`).
-    """
-    host = host or Host.this_machine()
-    p = check_ragen_config(cfg, host)
-    v = cfg.engine.verl
-    ar = cfg.actor_rollout_ref
-    a, r = ar.actor, ar.rollout
-    path = str(model_path or cfg.model.get("path") or "")
-    if not path:
-        raise ValueError("engine=verl needs model.path (a local Hugging Face checkpoint directory; "
-                         "`python -m ragen_turn.models export tiny DIR` writes a tiny one)")
-    kept = kept_batch_size(cfg) or cfg.es_manager.train.env_groups * cfg.es_manager.train.group_size
-    mb = int(cfg.micro_batch_size_per_gpu)
-    critic_on = cfg.critic.level != "none"
-    out_dir = str(Path(cfg.trainer.default_local_dir).expanduser().resolve())
-    attn = attn_implementation(p.device, host)
-    model = {
+
+def model_section(cfg: DictConfig, p: Placement, path: str, attn: str) -> Dict[str, Any]:
+    """``actor_rollout_ref.model`` (LoRA keys aside) and the critic's ``model``: the checkpoint and how to load it."""
+    return {
         "path": path,
         "external_lib": "ragen_turn.engines.verl.register",
         "enable_gradient_checkpointing": p.gradient_checkpointing,
         # verl packs a micro-batch into one row; flash-attn's varlen kernel keeps the sequences apart cheaply,
         # sdpa needs a (tokens x tokens) block mask, quadratic in the whole micro-batch: pad rows instead
         "use_remove_padding": attn == "flash_attention_2",
-        "trust_remote_code": bool(v.trust_remote_code),
+        "trust_remote_code": bool(cfg.engine.verl.trust_remote_code),
         # verl defaults to flash_attention_2; sdpa unless flash-attn is installed (and on cpu)
         "override_config": {"attn_implementation": attn},
     }
-    fsdp = {"param_offload": bool(v.param_offload), "optimizer_offload": bool(v.optimizer_offload),
+
+
+def fsdp_section(cfg: DictConfig, p: Placement) -> Dict[str, Any]:
+    """The actor's ``fsdp_config`` and the critic's ``fsdp`` (the reference's: the same, offloaded off the CPU)."""
+    v = cfg.engine.verl
+    return {"param_offload": bool(v.param_offload), "optimizer_offload": bool(v.optimizer_offload),
             "strategy": p.strategy, "mixed_precision": mixed_precision(cfg.dtype),
             "use_torch_compile": p.device != "cpu"}
+
+
+def data_section(cfg: DictConfig) -> Dict[str, Any]:
+    """``data``: the batch verl trains on (the episodes the rollout filter keeps) and its lengths."""
+    kept = kept_batch_size(cfg) or cfg.es_manager.train.env_groups * cfg.es_manager.train.group_size
+    return {
+        "train_batch_size": kept,
+        "max_prompt_length": int(cfg.engine.verl.prompt_length),
+        # verl's response = every token after the first prompt (all turns and env replies)
+        "max_response_length": int(cfg.agent_proxy.max_context_tokens),
+        "return_raw_chat": True,
+    }
+
+
+def actor_section(cfg: DictConfig, p: Placement, fsdp: Dict[str, Any]) -> Dict[str, Any]:
+    """``actor_rollout_ref.actor``: PPO's batch split, clip ranges, entropy / KL terms, optimizer and our policy
+    loss (``policy_loss``: ``register.RagenPolicyLossConfig`` with every knob of the schema's)."""
+    a = cfg.actor_rollout_ref.actor
+    return {
+        "strategy": p.strategy,
+        "ppo_mini_batch_size": int(cfg.ppo_mini_batch_size),
+        "ppo_micro_batch_size_per_gpu": int(cfg.micro_batch_size_per_gpu),
+        "ppo_epochs": int(a.ppo_epochs),
+        "shuffle": False,  # the turn-mean normaliser relies on verl's fixed mini-batch order
+        "clip_ratio": float(a.clip_ratio_low),
+        "clip_ratio_low": float(a.clip_ratio_low),
+        "clip_ratio_high": float(a.clip_ratio_high),
+        "clip_ratio_c": float(a.clip_ratio_c),  # dual clip: verl's own key, read by our losses too
+        "entropy_coeff": float(a.entropy_coeff),
+        "use_kl_loss": bool(a.use_kl_loss),
+        "kl_loss_coef": float(a.kl_loss_coef),
+        "kl_loss_type": str(a.kl_loss_type),
+        "loss_agg_mode": "token-mean",
+        "grad_clip": float(a.grad_clip),
+        "ulysses_sequence_parallel_size": int(cfg.engine.verl.ulysses_sequence_parallel_size),
+        "optim": {"lr": float(a.optim.lr), "weight_decay": float(a.optim.weight_decay),
+                  "betas": list(a.optim.betas), "clip_grad": float(a.grad_clip),
+                  "lr_warmup_steps": int(a.optim.get("lr_warmup_steps", -1)),
+                  "lr_warmup_steps_ratio": float(a.optim.get("lr_warmup_steps_ratio", 0.0)),
+                  **trust_region_optim(a)},
+        "policy_loss": {
+            "_target_": "ragen_turn.engines.verl.register.RagenPolicyLossConfig",
+            "loss_mode": str(a.policy_loss.loss_mode),
+            **verl_policy_loss_knobs(cfg),
+        },
+        "fsdp_config": fsdp,
+    }
+
+
+def ref_section(cfg: DictConfig, p: Placement, fsdp: Dict[str, Any]) -> Dict[str, Any]:
+    """``actor_rollout_ref.ref``: the reference policy's log-probs (KL terms)."""
+    return {"strategy": p.strategy, "log_prob_micro_batch_size_per_gpu": int(cfg.micro_batch_size_per_gpu),
+            "fsdp_config": dict(fsdp, param_offload=p.device != "cpu")}
+
+
+def rollout_section(cfg: DictConfig, p: Placement) -> Dict[str, Any]:
+    """``actor_rollout_ref.rollout``: the sampler (hf / vllm / sglang), its sampling and our agent loop."""
+    v, r = cfg.engine.verl, cfg.actor_rollout_ref.rollout
+    return {
+        "name": p.rollout,
+        "n": 1,  # our G rollouts per group are separate samples with one env seed
+        "temperature": float(r.temperature),
+        "top_p": float(r.top_p),
+        "top_k": int(r.get("top_k", -1)),
+        "tensor_model_parallel_size": int(v.rollout_tp),
+        "gpu_memory_utilization": float(v.gpu_memory_utilization),
+        "dtype": str(cfg.dtype),  # sampling in the actor's dtype (verl's default: bf16)
+        "log_prob_micro_batch_size_per_gpu": int(cfg.micro_batch_size_per_gpu),
+        "calculate_log_probs": True,
+        "val_kwargs": {"temperature": float(r.val_temperature), "do_sample": float(r.val_temperature) > 0,
+                       "top_p": float(r.top_p) if float(r.val_temperature) > 0 else 1.0},
+        "multi_turn": {"enable": True},
+        "agent": {"num_workers": p.agent_workers, "default_agent_loop": AGENT_LOOP_NAME},
+        # our hf server's options sit where vLLM's and SGLang's sit (engine_kwargs.vllm / .sglang)
+        **({"engine_kwargs": {"hf": {"decode": str(r.get("decode", "dynamic"))}}} if p.rollout == "hf" else {}),
+    }
+
+
+def critic_section(cfg: DictConfig, p: Placement, model: Dict[str, Any], fsdp: Dict[str, Any]) -> Dict[str, Any]:
+    """``critic``: on when the estimator has one (``critic.level``), its PPO split, value clip and optimizer."""
+    c = cfg.critic
+    return {
+        "enable": c.level != "none",
+        "strategy": p.strategy,
+        "ppo_mini_batch_size": int(cfg.ppo_mini_batch_size),
+        "ppo_micro_batch_size_per_gpu": int(cfg.micro_batch_size_per_gpu),
+        "ppo_epochs": int(c.ppo_epochs),
+        "cliprange_value": verl_cliprange_value(c.cliprange_value),
+        "grad_clip": float(c.grad_clip),
+        "loss_agg_mode": "token-mean",
+        "optim": {"lr": float(c.optim.lr), "weight_decay": float(c.optim.weight_decay),
+                  "clip_grad": float(c.grad_clip),
+                  "lr_warmup_steps": int(c.optim.get("lr_warmup_steps", -1)),
+                  "lr_warmup_steps_ratio": float(c.optim.get("lr_warmup_steps_ratio", 0.0))},
+        "model": dict(model),  # no LoRA keys: the critic is fully fine-tuned
+        "fsdp": fsdp,
+    }
+
+
+def algorithm_section(cfg: DictConfig) -> Dict[str, Any]:
+    """``algorithm``: the advantage estimator (ours by name, registered in verl) and the in-reward KL."""
+    al = cfg.algorithm
+    return {
+        "adv_estimator": str(al.adv_estimator),
+        "gamma": float(al.gamma),
+        "lam": float(al.lam),
+        "norm_adv_by_std_in_grpo": bool(al.norm_adv_by_std_in_grpo),
+        # the in-reward KL: verl builds the reference worker for it (need_reference_policy); our trainer
+        # applies it (engines/advantages.reward_kl_penalty, both engines), not verl's apply_kl_penalty
+        "use_kl_in_reward": bool(al.get("use_kl_in_reward", False)),
+        "kl_penalty": str(al.get("kl_penalty", "kl")),
+        "kl_ctrl": {k: al.kl_ctrl[k] for k in ("type", "kl_coef", "target_kl", "horizon")} if "kl_ctrl" in al else {},
+    }
+
+
+def trainer_section(cfg: DictConfig, p: Placement, out_dir: str) -> Dict[str, Any]:
+    """``trainer``: the placement, steps, logging, checkpoints and the run directory."""
+    t = cfg.trainer
+    return {
+        "use_v1": False,
+        "n_gpus_per_node": p.n_gpus_per_node,
+        "nnodes": p.nnodes,
+        "device": p.device,
+        "total_training_steps": int(t.total_training_steps),
+        "project_name": str(cfg.wandb.project),
+        "experiment_name": str(t.experiment_name),
+        "logger": ["console", "wandb"] if cfg.logger == "wandb" else ["console"],
+        "default_local_dir": out_dir,
+        "resume_mode": "auto" if t.resume else "disable",
+        "val_before_train": bool(t.val_before_train),
+        "save_freq": int(t.save_freq),
+        "test_freq": int(t.test_freq),
+        # rotation is the driver's (trainer._save_checkpoint: every global_step_* in the run dir, also after a
+        # resume); verl's workers only know the paths their own process saved
+        "max_actor_ckpt_to_keep": None,
+        "max_critic_ckpt_to_keep": None,
+        "balance_batch": True,
+        "critic_warmup": int(t.critic_warmup),
+    }
+
+
+def to_verl_config(cfg: DictConfig, model_path: Optional[str] = None,
+                   host: Optional[Host] = None) -> DictConfig:
+    """Map our resolved config onto verl's, one builder per section (above). ``model_path`` defaults to
+    ``model.path``; ``engine.verl.overrides`` (raw verl keys) are merged last.
+
+    ``host``: the machine the run is for (default: this one; see :class:`Host`).
+    """
+    host = host or Host.this_machine()
+    p = check_ragen_config(cfg, host)
+    v = cfg.engine.verl
+    path = str(model_path or cfg.model.get("path") or "")
+    if not path:
+        raise ValueError("engine=verl needs model.path (a local Hugging Face checkpoint directory; "
+                         "`python -m ragen_turn.models export tiny DIR` writes a tiny one)")
+    out_dir = str(Path(cfg.trainer.default_local_dir).expanduser().resolve())
+    model = model_section(cfg, p, path, attn_implementation(p.device, host))
+    fsdp = fsdp_section(cfg, p)
     over = {
-        "data": {
-            "train_batch_size": kept,
-            "max_prompt_length": int(v.prompt_length),
-            # verl's response = every token after the first prompt (all turns and env replies)
-            "max_response_length": int(cfg.agent_proxy.max_context_tokens),
-            "return_raw_chat": True,
-        },
+        "data": data_section(cfg),
         "actor_rollout_ref": {
-            "model": {**model, **lora_model_keys(ar)},
-            "actor": {
-                "strategy": p.strategy,
-                "ppo_mini_batch_size": int(cfg.ppo_mini_batch_size),
-                "ppo_micro_batch_size_per_gpu": mb,
-                "ppo_epochs": int(a.ppo_epochs),
-                "shuffle": False,  # the turn-mean normaliser relies on verl's fixed mini-batch order
-                "clip_ratio": float(a.clip_ratio_low),
-                "clip_ratio_low": float(a.clip_ratio_low),
-                "clip_ratio_high": float(a.clip_ratio_high),
-                "clip_ratio_c": float(a.clip_ratio_c),  # dual clip: verl's own key, read by our losses too
-                "entropy_coeff": float(a.entropy_coeff),
-                "use_kl_loss": bool(a.use_kl_loss),
-                "kl_loss_coef": float(a.kl_loss_coef),
-                "kl_loss_type": str(a.kl_loss_type),
-                "loss_agg_mode": "token-mean",
-                "grad_clip": float(a.grad_clip),
-                "ulysses_sequence_parallel_size": int(v.ulysses_sequence_parallel_size),
-                "optim": {"lr": float(a.optim.lr), "weight_decay": float(a.optim.weight_decay),
-                          "betas": list(a.optim.betas), "clip_grad": float(a.grad_clip),
-                          "lr_warmup_steps": int(a.optim.get("lr_warmup_steps", -1)),
-                          "lr_warmup_steps_ratio": float(a.optim.get("lr_warmup_steps_ratio", 0.0)),
-                          **trust_region_optim(a)},
-                "policy_loss": {
-                    "_target_": "ragen_turn.engines.verl.register.RagenPolicyLossConfig",
-                    "loss_mode": str(a.policy_loss.loss_mode),
-                    "ratio_mode": a.policy_loss.get("ratio_mode"),
-                    "clip_bias": bool(a.policy_loss.get("clip_bias", False)),
-                    "clip_bias_level": str(a.policy_loss.get("clip_bias_level", "sample")),
-                    "clip_bias_stat": str(a.policy_loss.get("clip_bias_stat", "mass")),
-                    "clip_bias_threshold": a.policy_loss.get("clip_bias_threshold"),
-                    "loss_agg_mode": a.policy_loss.get("loss_agg_mode"),
-                    "turn_band": str(a.policy_loss.get("turn_band", "fixed")),
-                    "token_band": bool(a.policy_loss.get("token_band", False)),
-                    "token_clip_low": float(a.policy_loss.get("token_clip_low", 0.2)),
-                    "token_clip_high": float(a.policy_loss.get("token_clip_high", 0.28)),
-                    "loss_scale_factor": policy_loss_config(cfg)["loss_scale_factor"],
-                },
-                "fsdp_config": fsdp,
-            },
-            "ref": {"strategy": p.strategy, "log_prob_micro_batch_size_per_gpu": mb,
-                    "fsdp_config": dict(fsdp, param_offload=p.device != "cpu")},
-            "rollout": {
-                "name": p.rollout,
-                "n": 1,  # our G rollouts per group are separate samples with one env seed
-                "temperature": float(r.temperature),
-                "top_p": float(r.top_p),
-                "top_k": int(r.get("top_k", -1)),
-                "tensor_model_parallel_size": int(v.rollout_tp),
-                "gpu_memory_utilization": float(v.gpu_memory_utilization),
-                "dtype": str(cfg.dtype),  # sampling in the actor's dtype (verl's default: bf16)
-                "log_prob_micro_batch_size_per_gpu": mb,
-                "calculate_log_probs": True,
-                "val_kwargs": {"temperature": float(r.val_temperature), "do_sample": float(r.val_temperature) > 0,
-                               "top_p": float(r.top_p) if float(r.val_temperature) > 0 else 1.0},
-                "multi_turn": {"enable": True},
-                "agent": {"num_workers": p.agent_workers, "default_agent_loop": AGENT_LOOP_NAME},
-                # our hf server's options sit where vLLM's and SGLang's sit (engine_kwargs.vllm / .sglang)
-                **({"engine_kwargs": {"hf": {"decode": str(r.get("decode", "dynamic"))}}} if p.rollout == "hf"
-                   else {}),
-            },
+            "model": {**model, **lora_model_keys(cfg.actor_rollout_ref)},
+            "actor": actor_section(cfg, p, fsdp),
+            "ref": ref_section(cfg, p, fsdp),
+            "rollout": rollout_section(cfg, p),
         },
-        "critic": {
-            "enable": critic_on,
-            "strategy": p.strategy,
-            "ppo_mini_batch_size": int(cfg.ppo_mini_batch_size),
-            "ppo_micro_batch_size_per_gpu": mb,
-            "ppo_epochs": int(cfg.critic.ppo_epochs),
-            "cliprange_value": verl_cliprange_value(cfg.critic.cliprange_value),
-            "grad_clip": float(cfg.critic.grad_clip),
-            "loss_agg_mode": "token-mean",
-            "optim": {"lr": float(cfg.critic.optim.lr), "weight_decay": float(cfg.critic.optim.weight_decay),
-                      "clip_grad": float(cfg.critic.grad_clip),
-                      "lr_warmup_steps": int(cfg.critic.optim.get("lr_warmup_steps", -1)),
-                      "lr_warmup_steps_ratio": float(cfg.critic.optim.get("lr_warmup_steps_ratio", 0.0))},
-            "model": dict(model),  # no LoRA keys: the critic is fully fine-tuned
-            "fsdp": fsdp,
-        },
-        "algorithm": {
-            "adv_estimator": str(cfg.algorithm.adv_estimator),
-            "gamma": float(cfg.algorithm.gamma),
-            "lam": float(cfg.algorithm.lam),
-            "norm_adv_by_std_in_grpo": bool(cfg.algorithm.norm_adv_by_std_in_grpo),
-            # the in-reward KL: verl builds the reference worker for it (need_reference_policy); our trainer
-            # applies it (engines/advantages.reward_kl_penalty, both engines), not verl's apply_kl_penalty
-            "use_kl_in_reward": bool(cfg.algorithm.get("use_kl_in_reward", False)),
-            "kl_penalty": str(cfg.algorithm.get("kl_penalty", "kl")),
-            "kl_ctrl": {k: cfg.algorithm.kl_ctrl[k] for k in ("type", "kl_coef", "target_kl", "horizon")}
-            if "kl_ctrl" in cfg.algorithm else {},
-        },
-        "trainer": {
-            "use_v1": False,
-            "n_gpus_per_node": p.n_gpus_per_node,
-            "nnodes": p.nnodes,
-            "device": p.device,
-            "total_training_steps": int(cfg.trainer.total_training_steps),
-            "project_name": str(cfg.wandb.project),
-            "experiment_name": str(cfg.trainer.experiment_name),
-            "logger": ["console", "wandb"] if cfg.logger == "wandb" else ["console"],
-            "default_local_dir": out_dir,
-            "resume_mode": "auto" if cfg.trainer.resume else "disable",
-            "val_before_train": bool(cfg.trainer.val_before_train),
-            "save_freq": int(cfg.trainer.save_freq),
-            "test_freq": int(cfg.trainer.test_freq),
-            # rotation is the driver's (trainer._save_checkpoint: every global_step_* in the run dir, also after a
-            # resume); verl's workers only know the paths their own process saved
-            "max_actor_ckpt_to_keep": None,
-            "max_critic_ckpt_to_keep": None,
-            "balance_batch": True,
-            "critic_warmup": int(cfg.trainer.critic_warmup),
-        },
+        "critic": critic_section(cfg, p, model, fsdp),
+        "algorithm": algorithm_section(cfg),
+        "trainer": trainer_section(cfg, p, out_dir),
         "reward": {"num_workers": 1 if p.device == "cpu" else 8},  # our agent loop scores episodes itself
         "ray_kwargs": {"ray_init": dict(ray_resources(p, v.get("ray_num_cpus")),
                                         runtime_env={"env_vars": worker_env(p)})},

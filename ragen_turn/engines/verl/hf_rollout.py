@@ -40,7 +40,7 @@ from verl.workers.rollout import base as rollout_base
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, RolloutReplicaRegistry, TokenOutput
 
-from ragen_turn.models.kv_cache import check_decode, compiled_step, to_static
+from ragen_turn.models.kv_cache import check_decode, compiled_step, feed_back, to_static
 from ragen_turn.models.logprobs import positions_from_mask
 
 logger = logging.getLogger(__name__)
@@ -158,16 +158,9 @@ def sample_batch(model: Any, requests: Sequence[Request], pad_id: int, eos_ids: 
                            and any(s in detokenize(toks[-16:]) for s in r.stop)))
         if all(done):
             break
-        if static is None:
-            attn = torch.cat([attn, attn.new_ones(B, 1)], dim=1)
-        else:  # written in place: the mask keeps its shape and address
-            attn[:, width + k] = 1
-        last_pos = last_pos + 1
-        out = step(input_ids=nxt[:, None].to(device), attention_mask=attn, position_ids=last_pos,
-                   past_key_values=cache, use_cache=True, logits_to_keep=1)
-        logits = out.logits[:, -1].float().cpu()
-        if static is None:
-            cache = out.past_key_values
+        logits, attn, last_pos, cache = feed_back(step, nxt, attn, last_pos, cache, static is not None, width + k,
+                                                  device)
+        logits = logits.float().cpu()  # picks draw from CPU generators
     return results
 
 

@@ -9,9 +9,7 @@ must import it: the verl engine sets ``VERL_USE_EXTERNAL_MODULES`` (read by ``im
 
 The maths is ``ragen_turn.algos``; an adapter only
 - reads our knobs from verl's ``ActorConfig`` (``clip_ratio_low/high``, ``clip_ratio_c`` and
-  ``policy_loss.{ratio_mode, clip_bias, clip_bias_level, clip_bias_stat, clip_bias_threshold,
-  loss_agg_mode, turn_band, token_band, token_clip_low, token_clip_high, loss_scale_factor}``, see
-  :class:`RagenPolicyLossConfig`),
+  ``policy_loss.<each knob of the schema's PolicyLossConfig>``, see ``RagenPolicyLossConfig``),
 - takes the turns from the runs of 1s in ``response_mask`` (all a registered loss sees), and
 - hands verl's global mini-batch counts to the loss as :class:`ragen_turn.algos.GlobalCounts`: verl
   back-propagates each micro-batch loss as is, so a loss must be ``sum over its units / (units in the
@@ -21,8 +19,8 @@ The maths is ``ragen_turn.algos``; an adapter only
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Dict, Optional
+import dataclasses
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 from verl.trainer.ppo import core_algos as verl_algos
@@ -30,30 +28,25 @@ from verl.workers.config import PolicyLossConfig
 
 from ragen_turn import algos
 from ragen_turn.cfg_get import cfg_get
+from ragen_turn.schema import policy_loss_knobs
 
-_KNOBS = ("ratio_mode", "clip_bias", "clip_bias_level", "clip_bias_stat", "clip_bias_threshold", "loss_agg_mode",
-          "turn_band", "token_band", "token_clip_low", "token_clip_high", "loss_scale_factor")
+_KNOBS = tuple(policy_loss_knobs())  # our losses' keys under actor.policy_loss: the schema's PolicyLossConfig
 
-@dataclass
-class RagenPolicyLossConfig(PolicyLossConfig):
-    """verl's ``actor.policy_loss`` plus the knobs of our losses (SPEC.md).
 
-    ``loss_agg_mode`` here is the policy loss's own aggregation (null = the loss's default:
-    ``turn-mean`` for turn_ppo, ``token-mean`` otherwise); verl's ``actor.loss_agg_mode`` stays
-    ``token-mean`` and only aggregates the entropy and KL terms.
-    """
+def _knob_field(typ: Any, default: Any) -> Tuple[Any, Any]:
+    """A knob's ``(type, field)`` for ``make_dataclass``: optional when its default is None."""
+    return (Optional[typ] if default is None else typ), dataclasses.field(default=default)
 
-    ratio_mode: Optional[str] = None
-    clip_bias: bool = False
-    clip_bias_level: str = "sample"
-    clip_bias_stat: str = "mass"
-    clip_bias_threshold: Optional[float] = None
-    loss_agg_mode: Optional[str] = None
-    turn_band: str = "fixed"
-    token_band: bool = False
-    token_clip_low: float = 0.2
-    token_clip_high: float = 0.28
-    loss_scale_factor: Optional[float] = None
+
+# verl's ``actor.policy_loss`` plus the knobs of our losses (SPEC.md), one field per PolicyLossConfig knob with its
+# default (``make_dataclass``: the schema is their one list). ``loss_agg_mode`` here is the policy loss's own
+# aggregation (null = the loss's default: ``turn-mean`` for turn_ppo, ``token-mean`` otherwise); verl's
+# ``actor.loss_agg_mode`` stays ``token-mean`` and only aggregates the entropy and KL terms.
+RagenPolicyLossConfig = dataclasses.make_dataclass(
+    "RagenPolicyLossConfig", [(name, *_knob_field(typ, d)) for name, (typ, d) in policy_loss_knobs().items()],
+    bases=(PolicyLossConfig,))
+RagenPolicyLossConfig.__module__ = __name__  # verl's config names it by path (_target_) and Ray pickles it by it
+RagenPolicyLossConfig.__doc__ = "verl's ``actor.policy_loss`` plus the knobs of our losses (see above)."
 
 
 def core_config(config: Any) -> Dict[str, Any]:

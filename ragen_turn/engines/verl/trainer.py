@@ -1,4 +1,4 @@
-"""``StarPOTrainer`` on verl (every algorithm): a subclass of verl's ``RayPPOTrainer`` (the v0 path).
+"""``VerlStarPOTrainer`` on verl (every algorithm): a subclass of verl's ``RayPPOTrainer`` (the v0 path).
 
 Like RAGEN's ``RayAgentTrainer`` there is no dataset: every step plays ``es_manager.train`` env groups
 through the registered agent loop ``ragen_turn_env`` (:mod:`.agent_loop`), then runs the PPO step
@@ -6,7 +6,7 @@ with the trainer's own helpers (``_compute_old_log_prob``, ``_compute_ref_log_pr
 ``_compute_values``, ``_update_critic``, ``_update_actor``, ``_save_checkpoint`` ...)::
 
     rollout     agent loop -> verl layout (prompts | responses, response_mask, turn ids, turn rewards)
-    filter      StarPO-S: keep the top rollout_filter_ratio env groups
+    filter      the rollout filter (engines/rollout_filter.py, both engines): keep env groups by a score
     score       old log-probs, reference log-probs (KL on), critic values
     advantages  engines.advantages (both engines): the registry's grpo | token_gae | bi_level_gae | turn_gae
     critic      engines.advantages.critic_targets (both engines): every response token, or the turn starts only
@@ -51,10 +51,11 @@ from ragen_turn.engines.advantages import (advantage_metrics, compute_advantages
                                            heldout_critic_explained_var, normalized_turn_rewards, reward_kl_penalty)
 from ragen_turn.engines.rollout_filter import filter_rows, pad_rows
 from ragen_turn.engines.rundir import crash_point, identity_of, record_config, run_complete, writing
-from ragen_turn.engines.trace import TRACE_FILE, EpisodeTracer, trace_rows
+from ragen_turn.engines.trace import EpisodeTracer, trace_rows
+from ragen_turn.runfiles import GENERATIONS_FILE, METRICS_FILE, TRACE_FILE
 from ragen_turn.runtime import derived_seed
 from ragen_turn.engines.runlog import (
-    GENERATIONS_FILE, append_metrics, episode_metrics, progress_line, record_provenance, run_header, truncate_metrics,
+    append_metrics, episode_metrics, progress_line, record_provenance, run_header, truncate_metrics,
     with_ragen_names, write_generations,
 )
 from ragen_turn.rollout import EnvSlot, Trajectory
@@ -220,7 +221,7 @@ class _NoDataLoader:
         return None
 
 
-class StarPOTrainer(RayPPOTrainer):
+class VerlStarPOTrainer(RayPPOTrainer):
     """RAGEN's StarPO loop on verl, for every algorithm: the estimator and the policy loss by name, the critic
     (none, token or turn) from the estimator's registry entry (``critic.level``)."""
 
@@ -235,7 +236,7 @@ class StarPOTrainer(RayPPOTrainer):
         self.train_plan = SeedPlan(self.rcfg.custom_envs, self.rcfg.es_manager.train, "train")
         self.val_plan = SeedPlan(self.rcfg.custom_envs, self.rcfg.es_manager.val, "val")
         self.out_dir = Path(self.rcfg.trainer.default_local_dir)
-        self.metrics_path = self.out_dir / "metrics.jsonl"
+        self.metrics_path = self.out_dir / METRICS_FILE
         self.tracer = EpisodeTracer(self.rcfg, self.out_dir / TRACE_FILE, "verl", tokenizer,
                                     policy_loss_config(self.rcfg)) if self.rcfg.trainer.trace_episodes else None
         self.reward_kl_ctrl = kl_controller(self.rcfg.algorithm)  # ours, shared with the local engine (None: off)
@@ -468,7 +469,7 @@ class StarPOTrainer(RayPPOTrainer):
             truncate_metrics(self.out_dir / GENERATIONS_FILE, self.global_steps)
             truncate_metrics(self.out_dir / TRACE_FILE, self.global_steps)
         self.checkpoint_manager.update_weights(self.global_steps)
-        print(run_header(self.rcfg, f"verl {type(self).__name__}", self.global_steps, len(self.train_plan),
+        print(run_header(self.rcfg, type(self).__name__, self.global_steps, len(self.train_plan),
                          self.out_dir), flush=True)
         last: Dict[str, float] = {}
         if self.global_steps == 0 and rt.val_before_train:
@@ -604,7 +605,7 @@ class TrainerBuilder(BaseTaskRunner):
             cls = GlooTrainingWorker if role == Role.Critic else GlooActorRolloutRefWorker
             self.role_worker_mapping[role] = ray.remote(cls)
 
-    def build_trainer(self, config: DictConfig) -> StarPOTrainer:
+    def build_trainer(self, config: DictConfig) -> VerlStarPOTrainer:
         """Our trainer with verl's worker groups, rollout servers and agent-loop workers started."""
         from verl.trainer.ppo.utils import need_critic, need_reference_policy
         from verl.utils.config import omega_conf_to_dataclass, validate_config
@@ -620,7 +621,7 @@ class TrainerBuilder(BaseTaskRunner):
                         use_critic=need_critic(config))
         tokenizer = omega_conf_to_dataclass(config.actor_rollout_ref.model).tokenizer
         pools = self.init_resource_pool_mgr(config)
-        trainer = StarPOTrainer(config=config, tokenizer=tokenizer,
+        trainer = VerlStarPOTrainer(config=config, tokenizer=tokenizer,
                                 role_worker_mapping=self.role_worker_mapping, resource_pool_manager=pools,
                                 ray_worker_group_cls=ray_worker_group_cls)
         trainer.init_workers()
