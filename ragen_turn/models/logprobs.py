@@ -65,7 +65,8 @@ def sequence_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention
     materialised (logsumexp + gather per chunk, in float32). Gradients flow through both outputs.
     """
     logp, ent, _ = _logprobs(model, input_ids, attention_mask, position_ids, temperature, return_entropy,
-                             chunk_tokens, token_mask, want_hidden=False, causal=causal, last_layer_read=last_layer_read)
+                             chunk_tokens, token_mask, want_hidden=False, causal=causal,
+                             last_layer_read=last_layer_read)
     return (logp, ent) if return_entropy else logp
 
 
