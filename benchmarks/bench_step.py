@@ -118,24 +118,35 @@ def model_dims(model) -> Dict[str, int]:
     H, inner = c.hidden_size, c.intermediate_size
     lin = H * c.num_attention_heads * d * 2 + 2 * H * c.num_key_value_heads * d + 3 * H * inner  # q, o, k, v, mlp
     return dict(H=H, layers=c.num_hidden_layers, heads=c.num_attention_heads, kv=c.num_key_value_heads, d=d,
-                V=c.vocab_size, lin=lin * c.num_hidden_layers, inner=inner)
+                V=c.vocab_size, lin=lin * c.num_hidden_layers, inner=inner, lin_kv=2 * H * c.num_key_value_heads * d)
 
 
-def forward_flops(dims, lengths: List[int], head_positions: int) -> float:
+def forward_flops(dims, lengths: List[int], head_positions: int, reads: List[List[int]] | None = None) -> float:
     """FLOPs of one forward over rows of ``lengths`` real tokens (each token attends to all before it), with the
-    vocabulary projection at ``head_positions`` positions."""
+    vocabulary projection at ``head_positions`` positions. ``reads`` (per row, the context length of each position
+    whose output is read): the last layer runs its key/value projections at every token and the rest (query,
+    attention, output projection, MLP) at those positions only (``engine.last_layer_where_read``)."""
     tokens = sum(lengths)
     ctx = sum(n * (n + 1) / 2 for n in lengths)  # sum over tokens of the keys each attends to
-    return (2 * dims["lin"] * tokens + 4 * dims["layers"] * dims["heads"] * dims["d"] * ctx
-            + 2 * dims["H"] * dims["V"] * head_positions)
+    L, att = dims["layers"], 4 * dims["heads"] * dims["d"]
+    head = 2 * dims["H"] * dims["V"] * head_positions
+    if reads is None:
+        return 2 * dims["lin"] * tokens + att * L * ctx + head
+    layer = dims["lin"] // L
+    read_ctx = [c for row in reads for c in row]
+    last = 2 * dims["lin_kv"] * tokens + 2 * (layer - dims["lin_kv"]) * len(read_ctx) + att * sum(read_ctx)
+    return (L - 1) * (2 * layer * tokens + att * ctx) + last + head
 
 
 def phase_arithmetic(tr, batch_lengths: List[int], responses: int, turns_tokens: List[List[int]]):
     """``{phase: (flops, bytes)}`` the step's phases need (bytes: the decode steps' reads of weights and cached
-    keys/values; None where the phase is compute-bound)."""
+    keys/values; None where the phase is compute-bound). The score and update count what ``tr``'s forward does:
+    with ``engine.last_layer_where_read`` the last layer at the read positions (the one before each response
+    token: ``turns_tokens`` are their context lengths) only."""
     dims = model_dims(tr.actor)
-    fwd_actor = forward_flops(dims, batch_lengths, responses)
-    fwd_critic = forward_flops(dims, batch_lengths, 0)
+    reads = turns_tokens if tr.cfg.engine.last_layer_where_read else None
+    fwd_actor = forward_flops(dims, batch_lengths, responses, reads)
+    fwd_critic = forward_flops(dims, batch_lengths, 0, reads)
     a, c = tr.cfg.actor_rollout_ref.actor.ppo_epochs, tr.cfg.critic.ppo_epochs
     update = 3 * fwd_actor * a + (3 * fwd_critic * c if tr.critic is not None else 0)
     score = fwd_actor + (fwd_critic if tr.critic is not None else 0)
@@ -248,6 +259,7 @@ def run_job(job: str, a) -> None:
     lengths = [len(e.token_ids) for e in batch.episodes]
     responses = int(batch.response_mask.sum())
     ar = phase_arithmetic(trainers[last], lengths, responses, decode_contexts(batch))
+    full = phase_arithmetic(trainers[names[0]], lengths, responses, decode_contexts(batch))  # the first variant's
     dims = model_dims(trainers[last].actor)
     mb = trainers[last].cfg.micro_batch_size_per_gpu
     rate_decode = matmul_rate(dims, len(lengths))
@@ -267,10 +279,11 @@ def run_job(job: str, a) -> None:
     print(f"measured here: matmul {rate_decode / 1e9:.1f} GFLOP/s at {len(lengths)} rows (decode), "
           f"{rate_prefill / 1e9:.1f} at {int(statistics.mean(lengths)) * min(len(lengths), 64)} rows (prefill), "
           f"{rate_train / 1e9:.1f} at {int(statistics.mean(lengths)) * mb} rows (a micro-batch); copy {bw / 1e9:.1f} "
-          f"GB/s (the bound counts every position of every layer: the full forward's FLOPs)")
+          f"GB/s; GFLOP and bound: what {last}'s forwards do (score, update: {full['score'][0] / 1e9:.1f}, "
+          f"{full['update'][0] / 1e9:.1f} GFLOP in {names[0]}'s)")
     print(f"{'phase':<11} " + " ".join(f"{k + ' cpu':>9}" for k in names) + " "
           + " ".join(f"{k + '/' + last:>9}" for k in names[:-1])
-          + f" {'GFLOP':>8} {'MB read':>8} {'bound s':>8} {'new of bound':>12}")
+          + f" {'GFLOP':>8} {'MB read':>8} {'bound s':>8} {last + ' of bound':>12}")
     for phase in ("rollout",) if a.rollout_only else ("rollout", "filter", "score", "advantages", "update",
                                                       "elsewhere", "step"):
         med = {k: statistics.median(t.get(phase, 0.0) for t in times[k]) for k in names}
