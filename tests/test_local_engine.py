@@ -141,6 +141,18 @@ def test_causal_attention_without_the_padding_mask_keeps_scores_and_gradients(tm
     assert model_mask(right, True) is None and model_mask(right, False) is right
     left = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]])
     assert model_mask(left, True) is left
+    # the padding's position ids go on counting, so that transformers builds no [B, 1, T, T] packed-sequence mask
+    from transformers.masking_utils import create_causal_mask
+    from ragen_turn.models.logprobs import model_inputs, positions_from_mask
+
+    pos = positions_from_mask(right)
+    mask, run_pos = model_inputs(right, pos, True)
+    assert mask is None and torch.equal(run_pos, torch.arange(4).expand(2, 4)) and torch.equal(run_pos[1], pos[1])
+    embeds = torch.zeros(2, 4, tr.actor.config.hidden_size)
+    args = dict(config=tr.actor.config, inputs_embeds=embeds, attention_mask=None, past_key_values=None)
+    assert create_causal_mask(position_ids=run_pos, **args) is None
+    assert create_causal_mask(position_ids=pos, **args) is not None  # what the repeated last position gave
+    assert model_inputs(left, positions_from_mask(left), True)[0] is left
 
 
 @pytest.mark.parametrize("arch,layers,causal", [("qwen2", 2, True), ("qwen2", 1, False), ("llama", 2, True)])

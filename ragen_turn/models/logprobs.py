@@ -18,13 +18,27 @@ def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
 def model_mask(attention_mask: torch.Tensor, causal: bool) -> torch.Tensor | None:
     """The attention mask to give the model: ``None`` when ``causal`` and every row is right-padded (ones, then
     zeros), so that it runs plain causal attention (SDPA's causal kernel: no ``[B, 1, T, T]`` mask built or read,
-    key blocks above the diagonal skipped, no key/value heads repeated). Every real token then attends to the same
-    keys as under the mask (pad positions see earlier pads, and nothing reads them); the logits were bitwise the
-    masked ones on the CPU here, gradients equal to float rounding (``tests/test_local_engine.py``). Else
+    key blocks above the diagonal skipped, no key/value heads repeated; with :func:`model_inputs`' position ids). Every
+    real token then attends to the same keys as under the mask (pad positions see earlier pads, and nothing reads
+    them); log-probs and gradients equal the masked ones' to float rounding (``tests/test_local_engine.py``). Else
     ``attention_mask`` itself."""
     if causal and attention_mask.dim() == 2 and bool((attention_mask[:, 1:] <= attention_mask[:, :-1]).all()):
         return None
     return attention_mask
+
+
+def model_inputs(attention_mask: torch.Tensor, position_ids: torch.Tensor, causal: bool):
+    """``(mask, position_ids)`` to give the model: :func:`model_mask`, and where it is ``None`` (right-padded rows,
+    plain causal attention) the padding's position ids continue its row's count (``n, n + 1, ...`` after ``n`` real
+    tokens; the real tokens keep theirs). transformers (>= 5) reads position ids that do not rise by 1 as packed
+    sequences and then builds a ``[B, 1, T, T]`` mask (and SDPA runs its masked kernel over every key block):
+    ``positions_from_mask`` repeats the last position on the padding, which did that for every micro-batch with
+    rows of different lengths. Nothing reads a pad position's output, and no real token attends to a later one."""
+    mask = model_mask(attention_mask, causal)
+    if mask is None and attention_mask.dim() == 2:
+        steps = torch.arange(attention_mask.shape[1], device=position_ids.device).expand_as(position_ids)
+        position_ids = torch.where(attention_mask.bool(), position_ids, steps)
+    return mask, position_ids
 
 
 def base_model(model: torch.nn.Module) -> torch.nn.Module:
@@ -100,7 +114,7 @@ def _logprobs(model, input_ids, attention_mask, position_ids, temperature, retur
     if position_ids is None:
         position_ids = positions_from_mask(attention_mask)
     head = plain_lm_head(model) if token_mask is not None else None
-    mask = model_mask(attention_mask, causal)
+    mask, position_ids = model_inputs(attention_mask, position_ids, causal)
     if head is not None and last_layer_read and not want_hidden and last_layer_supported(base_model(model)):
         want = scored_positions(input_ids, attention_mask, token_mask)                      # [B, T]
         read = torch.zeros_like(want)
