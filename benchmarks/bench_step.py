@@ -52,10 +52,12 @@ NAMES = {"rollout": "rollout", "filter_groups": "filter", "score": "score", "com
 JOBS = {"default": [], "long_turns": ["+setting=long_turns", "model.pinned_cache=assets/long_turns"],
         "long_horizon": ["+setting=long_horizon", "model.pinned_cache=assets/long_horizon"]}
 OLD = ["actor_rollout_ref.rollout.lean_forward=false", "engine.causal_attention=false",  # the step at 872d077
-       "engine.last_layer_where_read=false"]
+       "engine.last_layer_where_read=false", "engine.micro_batch_split=rows"]
 # the trainers a job builds (--variants): old = the step at 872d077; prev = this tree's defaults but the last layer at
-# every position (the step before engine.last_layer_where_read); new = this tree's defaults. Ratios are to the last.
-VARIANTS = {"old": OLD, "prev": ["engine.last_layer_where_read=false"], "new": []}
+# every position and micro-batches cut every micro_batch_size_per_gpu rows (the update before its second pass);
+# rows = this tree's defaults but engine.micro_batch_split=rows; new = this tree's defaults. Ratios are to the last.
+VARIANTS = {"old": OLD, "prev": ["engine.last_layer_where_read=false", "engine.micro_batch_split=rows"],
+            "rows": ["engine.micro_batch_split=rows"], "new": []}
 
 
 def load() -> str:

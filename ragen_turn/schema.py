@@ -436,6 +436,7 @@ class EngineConfig:
     gradient_checkpointing: bool = key(False)  # local engine
     causal_attention: bool = key(True)  # local engine: right-padded rows without a padding mask (models.logprobs)
     last_layer_where_read: bool = key(True)  # local engine: the last layer only where its output is read (last_layer)
+    micro_batch_split: str = key("padding", choices=("rows", "padding"))  # local engine: Trajectory.micro_batches
     verl: Optional[VerlEngineConfig] = key(None)
 
 

@@ -215,7 +215,7 @@ def test_last_layer_where_read_keeps_scores_and_gradients(arch, layers, causal, 
     finally:
         for mod in (lp_mod, vh_mod):
             mod.hidden_where_read = real
-    assert len(calls) == 2 * len(batch.micro_batches(3))  # old log-probs and values, each micro-batch
+    assert len(calls) == 2 * len(tr._micro_batches(batch))  # old log-probs and values, each micro-batch
 
 
 def test_hidden_where_read_is_the_models_hidden_state_there():

@@ -225,13 +225,18 @@ class StarPOTrainer:
         return batch if len(rows) == batch.batch_size else batch.select(rows)
 
     # -------------------------------------------------------------------------------- scoring
+    def _micro_batches(self, batch: Trajectory) -> List[torch.Tensor]:
+        """Row indices of ``batch``'s micro-batches: at most ``micro_batch_size_per_gpu`` rows of similar length
+        each, cut as ``engine.micro_batch_split`` says (:meth:`Trajectory.micro_batches`)."""
+        return batch.micro_batches(self.cfg.micro_batch_size_per_gpu, self.cfg.engine.micro_batch_split)
+
     @torch.no_grad()
     def _forward_all(self, fn, batch: Trajectory) -> torch.Tensor:
         """``fn(ids, am, pos, response_mask)`` ``[b, t]`` over length-sorted micro-batches
         (:meth:`Trajectory.micro_batches`), each padded only to its own longest row; returns ``[B, T]`` float32
         on the CPU in the batch's row order, 0 past each micro-batch's width (padding)."""
         out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
-        for idx in batch.micro_batches(self.cfg.micro_batch_size_per_gpu):
+        for idx in self._micro_batches(batch):
             mb = batch.select(idx).to(self.device)
             res = fn(mb.input_ids, mb.attention_mask, mb.position_ids, mb.response_mask).float().cpu()
             out[idx, :res.shape[1]] = res
@@ -428,7 +433,7 @@ class StarPOTrainer:
         divided by the mini-batch's counts), so they are added up: the same statistics for any micro-batch size.
         """
         counts = GlobalCounts.of(mini.response_mask, mini.turn_ids)
-        micros = [mini.select(idx).to(self.device) for idx in mini.micro_batches(self.cfg.micro_batch_size_per_gpu)]
+        micros = [mini.select(idx).to(self.device) for idx in self._micro_batches(mini)]
         if stats_of is not None:
             with torch.no_grad():
                 counts = counts.with_clip_stats(sum(stats_of(m, counts) for m in micros))
@@ -500,7 +505,7 @@ class StarPOTrainer:
         level = self.cfg.critic.level
         feats, ys = [], []
         self.critic.eval()
-        for idx in batch.micro_batches(self.cfg.micro_batch_size_per_gpu):
+        for idx in self._micro_batches(batch):
             mb = batch.select(idx).to(self.device)
             out = self.critic.backbone(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
                                        position_ids=mb.position_ids, use_cache=False)
