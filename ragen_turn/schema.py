@@ -452,6 +452,8 @@ class EngineConfig:
     name: str = key(choices=("local", "verl"))
     gradient_checkpointing: bool = key(False)  # local engine
     causal_attention: bool = key(True)  # local engine: right-padded rows without a padding mask (models.logprobs)
+    last_layer_where_read: bool = key(True)  # local engine: the last layer only where its output is read (last_layer)
+    micro_batch_split: str = key("padding", choices=("rows", "padding"))  # local engine: Trajectory.micro_batches
     verl: Optional[VerlEngineConfig] = key(None)
 
 

@@ -226,13 +226,18 @@ class StarPOTrainer:
         return batch if len(rows) == batch.batch_size else batch.select(rows)
 
     # -------------------------------------------------------------------------------- scoring
+    def _micro_batches(self, batch: Trajectory) -> List[torch.Tensor]:
+        """Row indices of ``batch``'s micro-batches: at most ``micro_batch_size_per_gpu`` rows of similar length
+        each, cut as ``engine.micro_batch_split`` says (:meth:`Trajectory.micro_batches`)."""
+        return batch.micro_batches(self.cfg.micro_batch_size_per_gpu, self.cfg.engine.micro_batch_split)
+
     @torch.no_grad()
     def _forward_all(self, fn, batch: Trajectory) -> torch.Tensor:
         """``fn(ids, am, pos, response_mask)`` ``[b, t]`` over length-sorted micro-batches
         (:meth:`Trajectory.micro_batches`), each padded only to its own longest row; returns ``[B, T]`` float32
         on the CPU in the batch's row order, 0 past each micro-batch's width (padding)."""
         out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
-        for idx in batch.micro_batches(self.cfg.micro_batch_size_per_gpu):
+        for idx in self._micro_batches(batch):
             mb = batch.select(idx).to(self.device)
             res = fn(mb.input_ids, mb.attention_mask, mb.position_ids, mb.response_mask).float().cpu()
             out[idx, :res.shape[1]] = res
@@ -242,11 +247,26 @@ class StarPOTrainer:
         """Log-probs of the response tokens at the sampling temperature (so ratios compare like with like);
         0 on other tokens."""
         return sequence_logprobs(model, ids, am, pos, temperature=self.cfg.actor_rollout_ref.rollout.temperature or 1.0,
-                                 token_mask=response_mask, causal=self.cfg.engine.causal_attention, **kw)
+                                 token_mask=response_mask, causal=self.cfg.engine.causal_attention,
+                                 last_layer_read=self.cfg.engine.last_layer_where_read, **kw)
 
-    def critic_values(self, ids, am, pos) -> torch.Tensor:
-        """Critic values in the engines' shared layout: ``[:, t]`` = V(state just before token t)."""
-        return values_before_tokens(self.critic(ids, am, pos, causal=self.cfg.engine.causal_attention))
+    def value_reads(self, response_mask: torch.Tensor, last: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
+        """``[B, T]`` bool: the positions whose critic output is used (the one before each response token, V of the
+        state before it; ``last`` ``[B]``: each row's last real token too), so that the critic's last layer runs
+        there only (``engine.last_layer_where_read``); None when that is off (every position)."""
+        if not self.cfg.engine.last_layer_where_read:
+            return None
+        read = torch.zeros(response_mask.shape, dtype=torch.bool, device=response_mask.device)
+        read[:, :-1] = response_mask[:, 1:].bool()
+        if last is not None:
+            read[torch.arange(read.shape[0], device=read.device), last] = True
+        return read
+
+    def critic_values(self, ids, am, pos, response_mask=None) -> torch.Tensor:
+        """Critic values in the engines' shared layout: ``[:, t]`` = V(state just before token t) (with
+        ``engine.last_layer_where_read`` and a ``response_mask``: at its tokens only, 0 elsewhere)."""
+        read = self.value_reads(response_mask) if response_mask is not None else None
+        return values_before_tokens(self.critic(ids, am, pos, causal=self.cfg.engine.causal_attention, read=read))
 
     def score(self, batch: Trajectory) -> None:
         self.actor.eval()
@@ -259,8 +279,10 @@ class StarPOTrainer:
                 batch.ref_logp = self._forward_all(lambda *a: self.logprobs(self.ref, *a), batch)
         if self.critic is not None:
             self.critic.eval()
-            after = self._forward_all(lambda ids, am, pos, _: self.critic(  # V after token t
-                ids, am, pos, causal=self.cfg.engine.causal_attention), batch)
+            boot = self.cfg.algorithm.bootstrap_truncated
+            after = self._forward_all(lambda ids, am, pos, rm: self.critic(  # V after token t (where read)
+                ids, am, pos, causal=self.cfg.engine.causal_attention,
+                read=self.value_reads(rm, (am.sum(dim=1) - 1).clamp(min=0) if boot else None)), batch)
             batch.values = values_before_tokens(after) * batch.response_mask
             if self.cfg.algorithm.bootstrap_truncated:  # V after the row's last token, for rows that were cut
                 last = (batch.attention_mask.sum(dim=1) - 1).clamp(min=0)
@@ -412,7 +434,7 @@ class StarPOTrainer:
         divided by the mini-batch's counts), so they are added up: the same statistics for any micro-batch size.
         """
         counts = GlobalCounts.of(mini.response_mask, mini.turn_ids)
-        micros = [mini.select(idx).to(self.device) for idx in mini.micro_batches(self.cfg.micro_batch_size_per_gpu)]
+        micros = [mini.select(idx).to(self.device) for idx in self._micro_batches(mini)]
         if stats_of is not None:
             with torch.no_grad():
                 counts = counts.with_clip_stats(sum(stats_of(m, counts) for m in micros))
@@ -484,7 +506,7 @@ class StarPOTrainer:
         level = self.cfg.critic.level
         feats, ys = [], []
         self.critic.eval()
-        for idx in batch.micro_batches(self.cfg.micro_batch_size_per_gpu):
+        for idx in self._micro_batches(batch):
             mb = batch.select(idx).to(self.device)
             out = self.critic.backbone(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
                                        position_ids=mb.position_ids, use_cache=False)
@@ -500,7 +522,7 @@ class StarPOTrainer:
         return torch.cat(feats), torch.cat(ys)
 
     def critic_step_loss(self, mb: Trajectory, counts: Optional[GlobalCounts] = None):
-        values = self.critic_values(mb.input_ids, mb.attention_mask, mb.position_ids)
+        values = self.critic_values(mb.input_ids, mb.attention_mask, mb.position_ids, mb.response_mask)
         return self.critic_loss(mb, values.float(), counts)
 
     def update(self, batch: Trajectory) -> Dict[str, float]:
