@@ -209,3 +209,21 @@ def test_target_norm_off_by_default(tmp_path):
 
     tr = build_trainer(micro_config(["algo=turn_ppo"], run_dir=tmp_path), log=_quiet)
     assert tr.cfg.critic.target_norm is False and tr.value_norm is None
+
+
+def test_an_update_put_back_puts_the_stats_back(tmp_path):
+    """An update that leaves unsound weights (actor lr 1e30) is put back: the critic's weights, and the stats its
+    outputs are read with, are those before it; a sound update keeps the stats it took."""
+    tr = _norm_trainer(tmp_path, "turn_ppo", "actor_rollout_ref.actor.optim.lr=1e30", "trainer.max_nonfinite_steps=3")
+    batch = tr.rollout(0)
+    tr.score(batch)
+    tr.compute_advantages(batch)
+    before = dict(tr.value_norm.state_dict())
+    assert tr.sound_update(batch)["actor/weights_unsound"] == 1.0
+    assert tr.value_norm.state_dict() == before
+    with open_dict(tr.cfg):
+        tr.cfg.actor_rollout_ref.actor.optim.lr = 1e-4
+    for g in tr.actor_optim.param_groups:
+        g["lr"] = g["initial_lr"] = 1e-4
+    assert tr.sound_update(batch)["actor/weights_unsound"] == 0.0
+    assert tr.value_norm.state_dict() != before and tr.value_norm.stats().std != 1.0
