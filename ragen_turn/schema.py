@@ -290,6 +290,8 @@ class CriticConfig:
     vf_coef: float = key(**NON_NEGATIVE)
     cliprange_value: Optional[float] = key(**POSITIVE)  # null = no value clipping
     head_init: str = key(choices=("zero", "fit"))  # fit: least squares on the first batch (local engine)
+    target_norm: bool = key(False)  # the critic fits standardised returns (algos/value_norm.py), both engines
+    target_norm_beta: float = key(0.99, ge=0.0, lt=1.0)  # the running stats' weight on the past
     grad_clip: float = key(**NON_NEGATIVE)
     ppo_epochs: int = key(**TURNS)
     optim: CriticOptimConfig = section(CriticOptimConfig)

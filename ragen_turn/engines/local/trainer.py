@@ -42,13 +42,15 @@ from ragen_turn.algos import (
     needs_minibatch_stats,
     turn_boundaries,
     value_loss,
+    value_norm,
     values_before_tokens,
 )
 from ragen_turn.config import model_config, policy_loss_config, validate_config
 from ragen_turn.engines import checkpoints as ckpt
 from ragen_turn.config import FilterSpec
 from ragen_turn.engines.advantages import (advantage_metrics, compute_advantages, critic_targets, critic_values,
-                                           heldout_critic_explained_var, reward_kl_penalty, score_metrics)
+                                           heldout_critic_explained_var, normalised_critic_batch, reward_kl_penalty,
+                                           score_metrics)
 from ragen_turn.engines.rollout_filter import filter_rows
 from ragen_turn.engines.trace import EpisodeTracer, trace_rows
 from ragen_turn.engines.rundir import (
@@ -149,6 +151,7 @@ class StarPOTrainer:
             self.critic = CriticModel.on_shared_backbone(self.actor)
         elif cfg.critic.level != "none":
             self.critic = CriticModel.from_causal_lm(self.actor).to(self.device)
+        self.value_norm = value_norm(cfg.critic)  # critic.target_norm: the targets' running mean / std (None: off)
         # LoRA (actor_rollout_ref.model.lora_rank > 0): after the critic's copy, which stays fully fine-tuned
         self.lora = lora_of(self.actor, cfg.actor_rollout_ref.get("model"))
         self.ref = None
@@ -263,10 +266,15 @@ class StarPOTrainer:
         return read
 
     def critic_values(self, ids, am, pos, response_mask=None) -> torch.Tensor:
-        """Critic values in the engines' shared layout: ``[:, t]`` = V(state just before token t) (with
-        ``engine.last_layer_where_read`` and a ``response_mask``: at its tokens only, 0 elsewhere)."""
+        """Critic outputs in the engines' shared layout: ``[:, t]`` = V(state just before token t) (with
+        ``engine.last_layer_where_read`` and a ``response_mask``: at its tokens only, 0 elsewhere; in the
+        normalised units with ``critic.target_norm``: what its loss reads)."""
         read = self.value_reads(response_mask) if response_mask is not None else None
         return values_before_tokens(self.critic(ids, am, pos, causal=self.cfg.engine.causal_attention, read=read))
+
+    def denormalized(self, out: torch.Tensor) -> torch.Tensor:
+        """The critic's outputs on the return scale: as they are, or de-normalised (``critic.target_norm``)."""
+        return out if self.value_norm is None else self.value_norm.denormalize(out)
 
     def score(self, batch: Trajectory) -> None:
         self.actor.eval()
@@ -280,9 +288,9 @@ class StarPOTrainer:
         if self.critic is not None:
             self.critic.eval()
             boot = self.cfg.algorithm.bootstrap_truncated
-            after = self._forward_all(lambda ids, am, pos, rm: self.critic(  # V after token t (where read)
-                ids, am, pos, causal=self.cfg.engine.causal_attention,
-                read=self.value_reads(rm, (am.sum(dim=1) - 1).clamp(min=0) if boot else None)), batch)
+            after = self.denormalized(self._forward_all(lambda ids, am, pos, rm: self.critic(  # V after token t
+                ids, am, pos, causal=self.cfg.engine.causal_attention,                     # (where read)
+                read=self.value_reads(rm, (am.sum(dim=1) - 1).clamp(min=0) if boot else None)), batch))
             batch.values = values_before_tokens(after) * batch.response_mask
             if self.cfg.algorithm.bootstrap_truncated:  # V after the row's last token, for rows that were cut
                 last = (batch.attention_mask.sum(dim=1) - 1).clamp(min=0)
@@ -535,12 +543,16 @@ class StarPOTrainer:
         metrics: Dict[str, float] = {}
         skipped = 0
         self.update_trace = {}
+        cbatch = batch  # what the critic trains on: with critic.target_norm, normalised values and targets
+        if self.value_norm is not None:
+            cbatch, m = normalised_critic_batch(self.value_norm, batch, self.cfg.critic.level)
+            metrics.update(m)
         if self.critic is not None and self.step == 0 and self.cfg.critic.get("head_init", "zero") == "fit":
-            self.fit_critic_head(batch)  # the first update: the head fitted before any gradient step
+            self.fit_critic_head(cbatch)  # the first update: the head fitted before any gradient step
             metrics["critic/head_fit"] = 1.0
         if self.critic is not None and not self.shared_critic:
             metrics["critic/lr"] = self._set_lr(self.critic_optim, self.cfg.critic.optim, self.step)
-            m, s = self._run_updates(batch, self.critic, self.critic_optim, self.critic_step_loss,
+            m, s = self._run_updates(cbatch, self.critic, self.critic_optim, self.critic_step_loss,
                                      self.cfg.critic.ppo_epochs, self.cfg.critic.grad_clip, "critic")
             metrics.update(m)
             skipped += s
@@ -554,6 +566,7 @@ class StarPOTrainer:
         model, loss_of = self.actor, self.actor_loss
         if self.shared_critic:  # one optimizer step on actor + value head (clipped together)
             model, loss_of = torch.nn.ModuleList([self.actor, self.critic.value_head]), self.joint_loss
+            batch = cbatch  # the value loss's values and targets (the actor's loss does not read them)
         a = self.cfg.actor_rollout_ref.actor
         stats_of = self.clip_stats if needs_minibatch_stats(a.policy_loss.loss_mode, self.loss_cfg) else None
         limit = a.get("max_update_kl")
@@ -632,6 +645,7 @@ class StarPOTrainer:
         optims = [o for o in (self.actor_optim, self.critic_optim) if o is not None]
         before = {k: {n: t.detach().to("cpu", copy=True) for n, t in self._weights(m).items()} for k, m in mods.items()}
         optim_before = [copy.deepcopy(o.state_dict()) for o in optims]
+        norm_before = None if self.value_norm is None else self.value_norm.state_dict()
         in_a_row = self.nonfinite_in_a_row
 
         def put_back() -> None:
@@ -639,6 +653,8 @@ class StarPOTrainer:
                 m.load_state_dict(before[k], strict=self.lora is None)
             for o, state in zip(optims, optim_before):
                 o.load_state_dict(state)
+            if norm_before is not None:  # the critic's outputs are read at the stats it was trained with
+                self.value_norm.load_state_dict(norm_before)
 
         try:
             metrics = self.update(batch)
@@ -755,7 +771,7 @@ class StarPOTrainer:
         if self.critic is not None:
             self.critic.eval()
             batch = seen[0]
-            after = self._forward_all(lambda ids, am, pos, _: self.critic(ids, am, pos), batch)
+            after = self.denormalized(self._forward_all(lambda ids, am, pos, _: self.critic(ids, am, pos), batch))
             batch.values = values_before_tokens(after) * batch.response_mask
             out[f"{prefix}/critic_explained_var"] = heldout_critic_explained_var(batch, self.cfg)
         return out
@@ -878,6 +894,8 @@ class StarPOTrainer:
                 elif self.critic is not None:
                     self.critic.save_pretrained(tmp / "critic")
                     state["critic_optim"] = self.critic_optim.state_dict()
+                if self.value_norm is not None:
+                    state["value_norm"] = self.value_norm.state_dict()
                 crash_point("critic written")
             with writing(tmp / "trainer_state.pt"):
                 torch.save(state, tmp / "trainer_state.pt")
@@ -958,6 +976,11 @@ class StarPOTrainer:
             loaded_c = CriticModel.from_pretrained(path / "critic", dtype=self.cfg.dtype)
             self.critic.load_state_dict(loaded_c.state_dict())
             self._load_optimizer(self.critic_optim, state["critic_optim"], "critic")
+        if self.value_norm is not None:
+            if "value_norm" not in state:
+                raise ValueError(f"{path} holds no value-target statistics: it was written without "
+                                 "critic.target_norm=true, which this run has (resume it with the same setting)")
+            self.value_norm.load_state_dict(state["value_norm"])
         self.step = int(state["step"])
         self.nonfinite_in_a_row = int(state["nonfinite_in_a_row"])
         if self.kl_ctrl is not None and state.get("kl_ctrl") is not None:  # the adaptive coefficient goes on
