@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 
 SUPPORTED_MODEL_TYPES = ("qwen2", "llama")
 
@@ -94,17 +95,28 @@ def hidden_where_read(base: Any, input_ids: torch.Tensor, attention_mask: torch.
     for layer in layers[:-1]:  # the model's own layers, as its forward calls them
         h = layer(h, attention_mask=mask, position_embeddings=(cos, sin), position_ids=position_ids,
                   past_key_values=None, use_cache=False)
-    layer = layers[-1]
+    cols, valid = read_slots(read)                                                            # [B, m]
+    args = (layers[-1], base.config, h, cos, sin, cols, attention_mask)
+    if getattr(base, "gradient_checkpointing", False) and base.training and torch.is_grad_enabled():
+        h = torch.utils.checkpoint.checkpoint(_last_layer_at, *args, use_reentrant=False)  # as the other layers
+    else:
+        h = _last_layer_at(*args)
+    return base.norm(h)[valid]                                                                # [n, H]
+
+
+def _last_layer_at(layer: Any, config: Any, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cols: torch.Tensor,
+                   attention_mask: torch.Tensor | None) -> torch.Tensor:
+    """The decoder's last ``layer`` on the hidden states ``h`` ``[B, t, H]`` (keys and values at every position,
+    queries and the MLP at the ``cols`` ``[B, m]`` only): ``[B, m, H]``, before the final norm."""
     att = layer.self_attn
-    heads, kv, d = base.config.num_attention_heads, base.config.num_key_value_heads, att.head_dim
+    heads, kv, d = config.num_attention_heads, config.num_key_value_heads, att.head_dim
     x = layer.input_layernorm(h)                                                              # [B, t, H]
-    t = x.shape[1]
+    B, t = x.shape[:2]
     ks = _rotate(att.k_proj(x).view(B, t, kv, d).transpose(1, 2), cos[:, None], sin[:, None])  # [B, kv, t, d]
     vs = att.v_proj(x).view(B, t, kv, d).transpose(1, 2)
     if heads != kv:  # transformers' repeat_kv
         ks = ks[:, :, None].expand(B, kv, heads // kv, t, d).reshape(B, heads, t, d)
         vs = vs[:, :, None].expand(B, kv, heads // kv, t, d).reshape(B, heads, t, d)
-    cols, valid = read_slots(read)                                                            # [B, m]
     m = cols.shape[1]
     rows = torch.arange(B, device=cols.device)[:, None]
     xq, cq, sq = x[rows, cols], cos[rows, cols], sin[rows, cols]                              # [B, m, .]
@@ -117,4 +129,4 @@ def hidden_where_read(base: Any, input_ids: torch.Tensor, attention_mask: torch.
     o = att.o_proj(o.transpose(1, 2).reshape(B, m, heads * d))
     h = h[rows, cols] + o                                                                     # [B, m, H]
     h = h + layer.mlp(layer.post_attention_layernorm(h))
-    return base.norm(h)[valid]                                                                # [n, H]
+    return h
