@@ -18,6 +18,7 @@ import torch
 from ragen_turn.engines import checkpoints as ckpt
 from ragen_turn.engines.rundir import crash_point, writing
 from ragen_turn.models import CriticModel
+from ragen_turn.runfiles import TRAINER_STATE_FILE
 
 
 class CheckpointMixin:
@@ -59,8 +60,8 @@ class CheckpointMixin:
                 if self.value_norm is not None:
                     state["value_norm"] = self.value_norm.state_dict()
                 crash_point("critic written")
-            with writing(tmp / "trainer_state.pt"):
-                torch.save(state, tmp / "trainer_state.pt")
+            with writing(tmp / TRAINER_STATE_FILE):
+                torch.save(state, tmp / TRAINER_STATE_FILE)
             crash_point("trainer state written")
             final = ckpt.commit(tmp, self.step)
         except BaseException:
@@ -122,7 +123,7 @@ class CheckpointMixin:
         """Weights, optimizer moments, step and RNG states from checkpoint directory ``path``."""
         from transformers import AutoModelForCausalLM
 
-        state = load_trainer_state(path / "trainer_state.pt")
+        state = load_trainer_state(path / TRAINER_STATE_FILE)
         if self.lora:  # the frozen base is the one this run built (model.path, warm start); the adapter is saved
             if not (path / ckpt.ADAPTER_DIR).is_dir():
                 raise FileNotFoundError(f"{path} has no {ckpt.ADAPTER_DIR}/: a full fine-tuning checkpoint cannot "
