@@ -53,7 +53,7 @@ from ragen_turn.engines.advantages import (advantage_metrics, compute_advantages
 from ragen_turn.engines.rollout_filter import filter_rows, pad_rows
 from ragen_turn.engines.rundir import crash_point, identity_of, record_config, run_complete, writing
 from ragen_turn.engines.trace import EpisodeTracer, trace_rows
-from ragen_turn.runfiles import GENERATIONS_FILE, METRICS_FILE, TRACE_FILE
+from ragen_turn.runfiles import GENERATIONS_FILE, METRICS_FILE, TRACE_FILE, VALUE_NORM_FILE
 from ragen_turn.runtime import derived_seed
 from ragen_turn.engines.runlog import (
     append_metrics, episode_metrics, progress_line, record_provenance, run_header, truncate_metrics,
@@ -70,7 +70,6 @@ from .turn_counts import TURNS_FIELD, minibatch_turn_counts, ppo_loss_with_turn_
 
 TRACE_SLOT = "ragen_trace_slot"  # trainer.trace_episodes: each rollout row's number (copies share it)
 TRAIN_KEYS = ("input_ids", "attention_mask", "position_ids", "prompts", "responses", "response_mask")
-VALUE_NORM_FILE = "value_norm.pt"  # critic.target_norm: the targets' running stats, in each checkpoint
 
 
 # ------------------------------------------------------------------------------------------------
