@@ -38,6 +38,8 @@ LOCK_FILE = "run.lock"  # held by the run that trains into the directory (engine
 GENERATIONS_FILE = "val_generations.jsonl"  # trainer.log_val_generations: held-out episodes as text, per eval
 TRACE_FILE = "trace.jsonl"  # trainer.trace_episodes: sampled episodes of each step, turn by turn (engines/trace.py)
 CHECKPOINTS_DIR = "checkpoints"  # the local engine's checkpoints (verl's global_step_N sit in the run directory)
+TRAINER_STATE_FILE = "trainer_state.pt"  # in each local checkpoint: step, optimizer moments, RNG states
+VALUE_NORM_FILE = "value_norm.pt"  # in each verl checkpoint with critic.target_norm: the targets' running stats
 ERROR_LOG = "error.log"  # engine=verl: a failed run's traceback
 INSPECT_PAGE = "inspect.html"  # python -m ragen_turn.inspect RUN: the credit inspector's page
 EVAL_PREFIX = "eval_"  # <run>/eval_<name>.json: a held-out evaluation of the run's checkpoint (eval.sh)

@@ -290,6 +290,8 @@ class CriticConfig:
     vf_coef: float = key(**NON_NEGATIVE)
     cliprange_value: Optional[float] = key(**POSITIVE)  # null = no value clipping
     head_init: str = key(choices=("zero", "fit"))  # fit: least squares on the first batch (local engine)
+    target_norm: bool = key(False)  # the critic fits standardised returns (algos/value_norm.py), both engines
+    target_norm_beta: float = key(0.99, ge=0.0, lt=1.0)  # the running stats' weight on the past
     grad_clip: float = key(**NON_NEGATIVE)
     ppo_epochs: int = key(**TURNS)
     optim: CriticOptimConfig = section(CriticOptimConfig)
@@ -452,6 +454,8 @@ class EngineConfig:
     name: str = key(choices=("local", "verl"))
     gradient_checkpointing: bool = key(False)  # local engine
     causal_attention: bool = key(True)  # local engine: right-padded rows without a padding mask (models.logprobs)
+    last_layer_where_read: bool = key(True)  # local engine: the last layer only where its output is read (last_layer)
+    micro_batch_split: str = key("padding", choices=("rows", "padding"))  # local engine: Trajectory.micro_batches
     verl: Optional[VerlEngineConfig] = key(None)
 
 

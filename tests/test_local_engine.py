@@ -141,6 +141,108 @@ def test_causal_attention_without_the_padding_mask_keeps_scores_and_gradients(tm
     assert model_mask(right, True) is None and model_mask(right, False) is right
     left = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]])
     assert model_mask(left, True) is left
+    # the padding's position ids go on counting, so that transformers builds no [B, 1, T, T] packed-sequence mask
+    from transformers.masking_utils import create_causal_mask
+    from ragen_turn.models.logprobs import model_inputs, positions_from_mask
+
+    pos = positions_from_mask(right)
+    mask, run_pos = model_inputs(right, pos, True)
+    assert mask is None and torch.equal(run_pos, torch.arange(4).expand(2, 4)) and torch.equal(run_pos[1], pos[1])
+    embeds = torch.zeros(2, 4, tr.actor.config.hidden_size)
+    args = dict(config=tr.actor.config, inputs_embeds=embeds, attention_mask=None, past_key_values=None)
+    assert create_causal_mask(position_ids=run_pos, **args) is None
+    assert create_causal_mask(position_ids=pos, **args) is not None  # what the repeated last position gave
+    assert model_inputs(left, positions_from_mask(left), True)[0] is left
+
+
+@pytest.mark.parametrize("arch,layers,causal", [("qwen2", 2, True), ("qwen2", 1, False), ("llama", 2, True)])
+def test_last_layer_where_read_keeps_scores_and_gradients(arch, layers, causal, tmp_path):
+    """``engine.last_layer_where_read``: the last layer runs only at the positions whose output is read
+    (models/last_layer.py). Against every position (the old path), on one batch of uneven rows: the old log-probs,
+    the critic's values (a non-zero head) and the bootstrap values within 1e-6, and one mini-batch's accumulated
+    actor and critic gradients (micro-batches of 3) and metrics to float rounding; the path is taken."""
+    from omegaconf import open_dict as _open
+    from ragen_turn.models import last_layer
+    from ragen_turn.models.logprobs import base_model
+
+    cfg = micro_config(["algo=turn_ppo", "es_manager.train.env_groups=4", "es_manager.train.group_size=2",
+                        "agent_proxy.max_turn=3", "ppo_mini_batch_size=8", "micro_batch_size_per_gpu=3",
+                        f"model.arch={arch}", f"model.num_hidden_layers={layers}", "model.num_attention_heads=4",
+                        "model.num_key_value_heads=2", f"engine.causal_attention={causal}",
+                        "algorithm.bootstrap_truncated=true"], run_dir=tmp_path)
+    tr = build_trainer(cfg, log=_quiet)
+    assert last_layer.last_layer_supported(base_model(tr.actor)) and last_layer.last_layer_supported(tr.critic.backbone)
+    with torch.no_grad():
+        tr.critic.value_head.weight.normal_(0.0, 0.5, generator=torch.Generator().manual_seed(1))
+    tr.sampler = uneven_policy(tr.tokenizer)
+    batch = tr.rollout(0)
+    assert batch.attention_mask.sum(1).unique().numel() > 2
+    calls = []
+    real = last_layer.hidden_where_read
+
+    def spy(*a, **k):
+        calls.append(1)
+        return real(*a, **k)
+
+    seen = {}
+    for on in (False, True):
+        with _open(tr.cfg):
+            tr.cfg.engine.last_layer_where_read = on
+        b = batch.select(torch.arange(batch.batch_size))
+        tr.score(b)
+        tr.compute_advantages(b)
+        grads = {}
+        for name, model, loss_of in (("actor", tr.actor, tr.actor_loss), ("critic", tr.critic, tr.critic_step_loss)):
+            grads[name] = _mini_batch_grads(tr, model, loss_of, None, b, 3)
+        seen[on] = (b, grads)
+    (b0, g0), (b1, g1) = seen[False], seen[True]
+    assert b0.values.abs().max() > 1e-3 and b0.bootstrap_values is not None
+    torch.testing.assert_close(b1.old_logp, b0.old_logp, rtol=0, atol=1e-6)
+    torch.testing.assert_close(b1.values, b0.values, rtol=0, atol=1e-6)
+    torch.testing.assert_close(b1.bootstrap_values, b0.bootstrap_values, rtol=0, atol=1e-6)
+    for name in ("actor", "critic"):
+        (m0, grads0), (m1, grads1) = g0[name], g1[name]
+        assert m0.keys() == m1.keys() and all(m1[k] == pytest.approx(m0[k], rel=1e-5, abs=1e-7) for k in m0)
+        assert any(g.abs().sum() > 0 for g in grads0)
+        for x, y in zip(grads1, grads0):
+            torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-6 * max(float(y.abs().max()), 1e-12))
+    import ragen_turn.models.logprobs as lp_mod
+    import ragen_turn.models.value_head as vh_mod
+    for mod in (lp_mod, vh_mod):  # the new path is the one that ran
+        mod.hidden_where_read = spy
+    try:
+        tr.score(batch.select(torch.arange(batch.batch_size)))
+    finally:
+        for mod in (lp_mod, vh_mod):
+            mod.hidden_where_read = real
+    assert len(calls) == 2 * len(tr._micro_batches(batch))  # old log-probs and values, each micro-batch
+
+
+def test_hidden_where_read_is_the_models_hidden_state_there():
+    """``hidden_where_read`` on left-padded rows with the padding mask, and on right-padded rows without one:
+    the body's last hidden state at the read positions, in row-major order, to float rounding; nothing read in
+    a row (and nothing at all) is fine."""
+    from ragen_turn.models.last_layer import hidden_where_read
+    from ragen_turn.models.logprobs import base_model, positions_from_mask
+
+    tr = build_trainer(micro_config(["model.num_attention_heads=4", "model.num_key_value_heads=2",
+                                     "model.num_hidden_layers=2"]), log=_quiet)
+    base = base_model(tr.actor)
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(3, len(tr.tokenizer), (3, 9), generator=g)
+    left = torch.tensor([[0, 0, 1, 1, 1, 1, 1, 1, 1], [1] * 9, [0] * 5 + [1] * 4])
+    right = left.flip(1)
+    read = torch.rand(3, 9, generator=g) > 0.6
+    read[2] = False
+    with torch.no_grad():
+        for am, mask in ((left, left), (right, None)):
+            pos = positions_from_mask(am)
+            full = base(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False).last_hidden_state
+            r = read & am.bool()
+            got = hidden_where_read(base, ids, mask, pos, r)
+            assert got.shape == (int(r.sum()), full.shape[-1])
+            torch.testing.assert_close(got, full[r], rtol=1e-5, atol=1e-5)
+            assert hidden_where_read(base, ids, mask, pos, torch.zeros_like(r)).shape == (0, full.shape[-1])
 
 
 def test_turn_ppo_one_turn_takes_the_sequence_level_update(tmp_path):

@@ -260,3 +260,37 @@ def test_micro_batches_group_rows_of_similar_length_and_cover_each_row_once():
     # selected, a chunk is as wide as its longest row: 4 columns here, where the batch has 9
     assert batch.select(chunks[0]).input_ids.shape == (3, 4)
     assert [len(c) for c in batch.micro_batches(100)] == [7]
+
+
+def test_padding_split_cuts_where_padding_plus_a_row_per_chunk_is_least():
+    """``micro_batches(size, "padding")``: every row once, at most ``size`` rows a chunk, length-sorted, and the
+    cut points minimise sum over chunks of (rows + 1) x longest (checked against every way to cut small cases)."""
+    import itertools
+    import random
+
+    from ragen_turn.rollout.trajectory import padding_split
+
+    def cost(lengths, points):
+        return sum((b - a + 1) * lengths[b - 1] for a, b in zip(points[:-1], points[1:]))
+
+    rng = random.Random(0)
+    for _ in range(200):
+        n, size = rng.randint(1, 8), rng.randint(1, 5)
+        lengths = sorted(rng.choice([rng.randint(1, 20), rng.randint(50, 60)]) for _ in range(n))
+        points = padding_split(lengths, size)
+        assert points[0] == 0 and points[-1] == n and all(0 < b - a <= size for a, b in zip(points[:-1], points[1:]))
+        best = min(cost(lengths, [0, *c, n]) for k in range(n) for c in itertools.combinations(range(1, n), k)
+                   if all(0 < b - a <= size for a, b in zip([0, *c], [*c, n])))
+        assert cost(lengths, points) == best
+    assert padding_split([600, 700, 700, 800, 1000, 1150, 1400] + [1900] * 9, 16) == [0, 3, 6, 16]
+    assert padding_split([5] * 6, 4) == [0, 2, 6]  # equal rows: two chunks, the last as large as it may be
+    lengths = [7, 2, 9, 4, 4, 1, 8, 30, 31]
+    eps = [Episode(token_ids=list(range(1, n + 1)), response_mask=[0] * (n - 1) + [1], turn_ids=[-1] * (n - 1) + [0],
+                   turn_rewards=[0.0], group_id=i, env_seed=i) for i, n in enumerate(lengths)]
+    batch = Trajectory.from_episodes(eps, pad_token_id=0)
+    chunks = batch.micro_batches(8, "padding")
+    assert sorted(torch.cat(chunks).tolist()) == list(range(len(lengths)))
+    assert [[lengths[i] for i in c.tolist()] for c in chunks] == [[1], [2, 4, 4], [7, 8, 9], [30, 31]]  # 2+16+36+93
+    assert [len(c) for c in batch.micro_batches(8)] == [8, 1]
+    with pytest.raises(ValueError):
+        batch.micro_batches(8, "tokens")

@@ -1263,6 +1263,85 @@ def test_critic_warmup_skips_the_actor_update_as_verl_does(model_dir, tmp_path, 
     assert [(a > 0, c > 0, w) for a, c, w in steps] == [(False, True, 1.0), (True, True, 0.0)]
 
 
+@needs_verl
+def test_target_norm_with_fake_workers(model_dir, tmp_path, monkeypatch):
+    """critic.target_norm on verl (the critic worker computes the values, the driver normalises): the scored values
+    are the worker's outputs de-normalised at the stats before the step's update, the critic trains on its own
+    outputs (the clip centre) and on the turn returns normalised at the stats after it (a reference ValueNorm fed
+    the same returns), the held-out read is de-normalised, the stats are in each checkpoint, and a run stopped
+    after step 1 and resumed writes the uninterrupted run's metrics."""
+    import json
+
+    import ragen_turn.engines.verl.trainer as vt
+    from ragen_turn.algos import ValueNorm
+
+    norm = ("critic.target_norm=true", "critic.target_norm_beta=0.5", *VERL_CKPT_RUN)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    t, _ = _trainer_with_fake_workers(model_dir, tmp_path / "full", "turn_ppo", *norm)
+    outputs, seen, heldout = [], [], []
+    compute, update, to_worker = t._compute_values, t.update_critic, t._update_critic
+
+    def compute_values(batch):  # the worker's outputs
+        out = compute(batch)
+        outputs.append(out.batch["values"].clone())
+        return out
+
+    def update_critic(batch, traj):
+        seen.append({"raw": outputs[-1], "values": batch.batch["values"].clone(), "stats": t.value_norm.stats(),
+                     "G": traj.turn_returns.clone(), "tmask": traj.turn_mask.clone()})
+        return update(batch, traj)
+
+    def worker_update(cb):
+        seen[-1]["cb"] = cb
+        return to_worker(cb)
+
+    def spy(traj, cfg):
+        heldout.append((outputs[-1], traj.values.clone(), traj.response_mask.clone(), t.value_norm.stats()))
+        return ev(traj, cfg)
+
+    ev = vt.heldout_critic_explained_var
+    monkeypatch.setattr(vt, "heldout_critic_explained_var", spy)
+    t._compute_values, t.update_critic, t._update_critic = compute_values, update_critic, worker_update
+    t.fit()
+    assert len(seen) == 3
+    ref = ValueNorm(0.5)
+    for s in seen:
+        assert s["stats"] == pytest.approx(tuple(ref.stats()))
+        mean, std = s["stats"]
+        on = s["values"] != 0  # the response tokens (the fake worker's outputs are never exactly 0 there)
+        torch.testing.assert_close(s["values"][on], (s["raw"] * std + mean)[on])
+        cb = s["cb"].batch
+        starts = cb["response_mask"].bool()
+        torch.testing.assert_close(cb["values"][starts], s["raw"][starts], rtol=1e-5, atol=1e-5)  # its own outputs
+        ref.update(s["G"], s["tmask"])
+        new_mean, new_std = ref.stats()
+        G = s["G"][s["tmask"].bool()]  # turn h's return at turn h's first token: the same order, row by row
+        torch.testing.assert_close(cb["returns"][starts], (G - new_mean) / new_std, rtol=1e-5, atol=1e-5)
+    assert seen[0]["stats"] == (0.0, 1.0) and seen[1]["stats"] != pytest.approx((0.0, 1.0))
+    rows = [json.loads(x) for x in (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()]
+    assert rows[3]["critic/target_std"] == pytest.approx(ref.stats().std)
+    assert t.value_norm.state_dict() == pytest.approx(ref.state_dict())
+    # held out (steps 0, 2, 3): the worker's outputs de-normalised at the stats of that moment
+    assert len(heldout) == 3 and heldout[0][3] == (0.0, 1.0) and heldout[1][3] == seen[2]["stats"]
+    for raw, values, mask, (mean, std) in heldout:
+        on = mask.bool()
+        torch.testing.assert_close(values[on], (raw.float() * std + mean)[on])
+    manifest = json.loads((tmp_path / "full" / "global_step_3" / "complete.json").read_text())
+    assert vt.VALUE_NORM_FILE in manifest["sha256"]
+    saved = torch.load(tmp_path / "full" / "global_step_3" / vt.VALUE_NORM_FILE, weights_only=True)
+    assert saved == t.value_norm.state_dict()
+    # stopped after step 1, resumed: the uninterrupted run's metrics
+    part = tmp_path / "part"
+    _trainer_with_fake_workers(model_dir, part, "turn_ppo", *norm, "trainer.total_training_steps=1")[0].fit()
+    r, _ = _trainer_with_fake_workers(model_dir, part, "turn_ppo", *norm, "trainer.resume=true")
+    r.fit()
+    assert r.value_norm.state_dict() == t.value_norm.state_dict()
+    a, b = _lines(part), _lines(tmp_path / "full")
+    assert "val/critic_explained_var" in a[1]  # the stopped run's last step evaluates too
+    a[1] = {k: v for k, v in a[1].items() if not k.startswith("val/")}
+    assert a == b
+
+
 class _Killed(BaseException):
     """Stands in for a kill -9 of the driver at a crash point (the fake trainer runs in this process)."""
 

@@ -11,6 +11,8 @@
   up to the mini-batch's; ``policy_loss_spec(name)``: its unit and default aggregation.
 - :mod:`.kl_control`: the KL penalty in the reward (verl's ``use_kl_in_reward``): ``KLController`` (fixed /
   adaptive), ``reward_kl`` (the per-token penalty and the step's KL).
+- :mod:`.value_norm`: ``critic.target_norm``: ``ValueNorm`` (running mean / std of the critic's targets; the
+  critic fits standardised returns, its outputs de-normalised where values are used).
 - :mod:`.registry`: the registries and the properties on their entries (``EstimatorSpec``, ``LossSpec``).
 """
 from .advantages import (
@@ -50,6 +52,7 @@ from .losses import (
     unit_stats,
     value_loss,
 )
+from .value_norm import ValueNorm, value_norm
 from .registry import CRITIC_LEVELS, DEFAULT_AGG, EstimatorSpec, LossSpec
 from .turns import (
     check_turn_ids,

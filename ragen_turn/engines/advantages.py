@@ -8,6 +8,7 @@ turn critic) and the advantage statistics exist once.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Dict, Optional, Tuple
 
 import torch
@@ -16,6 +17,7 @@ from omegaconf import OmegaConf
 from ragen_turn.algos import (KLController, adv_estimator_spec, explained_variance, get_adv_estimator_fn, num_turns,
                               reward_kl,
                               turn_start_values, turn_sums, turn_token_counts)
+from ragen_turn.algos.value_norm import ValueNorm
 from ragen_turn.rollout import Trajectory
 
 
@@ -151,6 +153,25 @@ def critic_targets(batch: Trajectory, level: str) -> Tuple[torch.Tensor, torch.T
         H = batch.turn_mask.shape[1]
         return batch.turn_mask, turn_start_values(batch.values, batch.turn_ids, H), batch.turn_returns
     raise ValueError(f"critic.level={level}: no critic to train (critic_targets needs token or turn)")
+
+
+def normalised_critic_batch(norm: ValueNorm, batch: Trajectory, level: str) -> Tuple[Trajectory, Dict[str, float]]:
+    """``critic.target_norm``, both engines, once per critic update: the stats take the step's targets
+    (:func:`critic_targets`' returns over its mask) and a copy of ``batch`` is returned whose ``values`` are the
+    critic's outputs at rollout time (``batch.values``, on the return scale, normalised at the stats before the
+    update: the value clip's centre) and whose ``returns`` / ``turn_returns`` are the targets normalised at the new
+    stats (``algos/value_norm.py``); other fields shared. Metrics ``critic/target_mean``, ``critic/target_std``: the
+    new stats."""
+    mask, _, targets = critic_targets(batch, level)
+    prev = norm.update(targets, mask)
+    new = norm.stats()
+    rm = batch.response_mask
+    out = dataclasses.replace(batch, values=norm.normalize(batch.values, prev) * rm)
+    if level == "turn":
+        out.turn_returns = norm.normalize(batch.turn_returns, new) * batch.turn_mask
+    else:
+        out.returns = norm.normalize(batch.returns, new) * rm
+    return out, {"critic/target_mean": new.mean, "critic/target_std": new.std}
 
 
 def critic_values(values: torch.Tensor, batch: Trajectory, level: str) -> torch.Tensor:

@@ -31,6 +31,8 @@ import shutil
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
 
+from ragen_turn.runfiles import TRAINER_STATE_FILE
+
 from .rundir import atomic_write_text, crash_point, fsync_dir, fsync_tree, writing
 
 MANIFEST = "complete.json"
@@ -66,7 +68,7 @@ def file_sha256(path: Path) -> str:
 def _legacy_complete(path: Path) -> bool:
     """A directory written before manifests existed: the local engine's (trainer_state.pt + actor/config.json)
     or verl's own (data.pt, written after the workers' files)."""
-    return ((path / "trainer_state.pt").is_file() and (path / "actor" / "config.json").is_file()) or \
+    return ((path / TRAINER_STATE_FILE).is_file() and (path / "actor" / "config.json").is_file()) or \
         ((path / "data.pt").is_file() and (path / "actor").is_dir())
 
 

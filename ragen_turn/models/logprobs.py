@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import torch
 
+from .last_layer import hidden_where_read, last_layer_supported
+
 
 def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     """position_ids[B, T] = (number of real tokens before t), 0 on padding; what HF `generate` uses, so left-padded
@@ -16,13 +18,27 @@ def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
 def model_mask(attention_mask: torch.Tensor, causal: bool) -> torch.Tensor | None:
     """The attention mask to give the model: ``None`` when ``causal`` and every row is right-padded (ones, then
     zeros), so that it runs plain causal attention (SDPA's causal kernel: no ``[B, 1, T, T]`` mask built or read,
-    key blocks above the diagonal skipped, no key/value heads repeated). Every real token then attends to the same
-    keys as under the mask (pad positions see earlier pads, and nothing reads them); the logits were bitwise the
-    masked ones on the CPU here, gradients equal to float rounding (``tests/test_local_engine.py``). Else
+    key blocks above the diagonal skipped, no key/value heads repeated; with :func:`model_inputs`' position ids). Every
+    real token then attends to the same keys as under the mask (pad positions see earlier pads, and nothing reads
+    them); log-probs and gradients equal the masked ones' to float rounding (``tests/test_local_engine.py``). Else
     ``attention_mask`` itself."""
     if causal and attention_mask.dim() == 2 and bool((attention_mask[:, 1:] <= attention_mask[:, :-1]).all()):
         return None
     return attention_mask
+
+
+def model_inputs(attention_mask: torch.Tensor, position_ids: torch.Tensor, causal: bool):
+    """``(mask, position_ids)`` to give the model: :func:`model_mask`, and where it is ``None`` (right-padded rows,
+    plain causal attention) the padding's position ids continue its row's count (``n, n + 1, ...`` after ``n`` real
+    tokens; the real tokens keep theirs). transformers (>= 5) reads position ids that do not rise by 1 as packed
+    sequences and then builds a ``[B, 1, T, T]`` mask (and SDPA runs its masked kernel over every key block):
+    ``positions_from_mask`` repeats the last position on the padding, which did that for every micro-batch with
+    rows of different lengths. Nothing reads a pad position's output, and no real token attends to a later one."""
+    mask = model_mask(attention_mask, causal)
+    if mask is None and attention_mask.dim() == 2:
+        steps = torch.arange(attention_mask.shape[1], device=position_ids.device).expand_as(position_ids)
+        position_ids = torch.where(attention_mask.bool(), position_ids, steps)
+    return mask, position_ids
 
 
 def base_model(model: torch.nn.Module) -> torch.nn.Module:
@@ -34,7 +50,7 @@ def base_model(model: torch.nn.Module) -> torch.nn.Module:
 def sequence_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                       position_ids: torch.Tensor | None = None, temperature: float = 1.0,
                       return_entropy: bool = False, chunk_tokens: int = 4096,
-                      token_mask: torch.Tensor | None = None, causal: bool = False):
+                      token_mask: torch.Tensor | None = None, causal: bool = False, last_layer_read: bool = False):
     """Per-token log-probabilities of `input_ids` under the causal LM `model`.
 
     Args:
@@ -49,6 +65,9 @@ def sequence_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention
             the output is 0 elsewhere; for a model whose logits are a plain `lm_head(hidden)` (Llama, Qwen2,
             ...) the vocabulary projection then runs on those positions only, not on all B x T.
         causal: right-padded rows run plain causal attention (:func:`model_mask`).
+        last_layer_read: with `token_mask`, on a plain Qwen2 / Llama decoder, the last layer runs only at the
+            positions the scored tokens are read from (:mod:`ragen_turn.models.last_layer`): the same numbers to
+            float rounding, a bit more than half the arithmetic of a 2-layer model. Ignored where unsupported.
 
     Returns:
         logp [B, T] float32: `logp[:, t] = log p(input_ids[:, t] | input_ids[:, :t])`; `logp[:, 0] = 0`, and 0
@@ -60,7 +79,8 @@ def sequence_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention
     materialised (logsumexp + gather per chunk, in float32). Gradients flow through both outputs.
     """
     logp, ent, _ = _logprobs(model, input_ids, attention_mask, position_ids, temperature, return_entropy,
-                             chunk_tokens, token_mask, want_hidden=False, causal=causal)
+                             chunk_tokens, token_mask, want_hidden=False, causal=causal,
+                             last_layer_read=last_layer_read)
     return (logp, ent) if return_entropy else logp
 
 
@@ -89,12 +109,19 @@ def plain_lm_head(model: torch.nn.Module) -> torch.nn.Linear | None:
 
 
 def _logprobs(model, input_ids, attention_mask, position_ids, temperature, return_entropy, chunk_tokens, token_mask,
-              want_hidden: bool, causal: bool = False):
+              want_hidden: bool, causal: bool = False, last_layer_read: bool = False):
     """``(logp [B,T], entropy [B,T] | None, hidden [B,T,H] | None)``: the one implementation behind both above."""
     if position_ids is None:
         position_ids = positions_from_mask(attention_mask)
     head = plain_lm_head(model) if token_mask is not None else None
-    mask = model_mask(attention_mask, causal)
+    mask, position_ids = model_inputs(attention_mask, position_ids, causal)
+    if head is not None and last_layer_read and not want_hidden and last_layer_supported(base_model(model)):
+        want = scored_positions(input_ids, attention_mask, token_mask)                      # [B, T]
+        read = torch.zeros_like(want)
+        read[:, :-1] = want[:, 1:]                                                          # token t is read at t-1
+        h = hidden_where_read(base_model(model), input_ids, mask, position_ids, read)       # [n, H]
+        logp, ent = _head_logprobs(head, h, input_ids, want, temperature, return_entropy, chunk_tokens)
+        return logp, ent, None
     if head is not None:  # backbone only, then the vocabulary projection on the scored positions
         hidden = base_model(model)(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
                                     use_cache=False).last_hidden_state                            # [B, T, H]
@@ -123,13 +150,28 @@ def _token_logp_entropy(x: torch.Tensor, targets: torch.Tensor, temperature: flo
     return tok, ent
 
 
-def _selected_logprobs(head, hidden, input_ids, attention_mask, token_mask, temperature, return_entropy,
-                       chunk_tokens):
+def scored_positions(input_ids, attention_mask, token_mask) -> torch.Tensor:
+    """``[B, T]`` bool: the tokens ``token_mask`` marks that have a real token before them (their log-prob is
+    read from the hidden state at ``t - 1``)."""
     B, T = input_ids.shape
     want = torch.zeros(B, T, dtype=torch.bool, device=input_ids.device)
     want[:, 1:] = token_mask[:, 1:].bool() & (attention_mask[:, 1:] != 0) & (attention_mask[:, :-1] != 0)
+    return want
+
+
+def _selected_logprobs(head, hidden, input_ids, attention_mask, token_mask, temperature, return_entropy,
+                       chunk_tokens):
+    want = scored_positions(input_ids, attention_mask, token_mask)
     b_idx, t_idx = want.nonzero(as_tuple=True)
-    h = hidden[b_idx, t_idx - 1]                                                            # [n, H]
+    return _head_logprobs(head, hidden[b_idx, t_idx - 1], input_ids, want, temperature, return_entropy,
+                          chunk_tokens)
+
+
+def _head_logprobs(head, h, input_ids, want, temperature, return_entropy, chunk_tokens):
+    """``h [n, H]``: the hidden states the ``want`` ``[B, T]`` tokens are read from (row-major) -> ``(logp [B, T],
+    entropy [B, T] | None)`` float32, 0 where not wanted."""
+    B, T = input_ids.shape
+    b_idx, t_idx = want.nonzero(as_tuple=True)
     targets = input_ids[b_idx, t_idx]                                                       # [n]
     lp, en = [], []
     for s in range(0, h.shape[0], chunk_tokens):
@@ -137,7 +179,7 @@ def _selected_logprobs(head, hidden, input_ids, attention_mask, token_mask, temp
                                        return_entropy)
         lp.append(tok)
         en.append(ent)
-    zeros = hidden.new_zeros(B, T, dtype=torch.float32)
+    zeros = h.new_zeros(B, T, dtype=torch.float32)
 
     def scatter(parts):
         vals = torch.cat(parts) if parts else zeros.new_zeros(0)

@@ -12,7 +12,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .logprobs import base_model, model_mask, positions_from_mask
+from .last_layer import hidden_where_read, last_layer_supported
+from .logprobs import base_model, model_inputs, positions_from_mask
 
 VALUE_HEAD_FILE = "value_head.safetensors"
 CRITIC_CONFIG_FILE = "critic_config.json"
@@ -57,13 +58,20 @@ class CriticModel(torch.nn.Module):
         return critic
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                position_ids: torch.Tensor | None = None, causal: bool = False) -> torch.Tensor:
+                position_ids: torch.Tensor | None = None, causal: bool = False,
+                read: torch.Tensor | None = None) -> torch.Tensor:
         """input_ids[B,T], attention_mask[B,T], position_ids[B,T] (default: from the mask) -> values[B,T] float32.
-        ``causal``: right-padded rows run plain causal attention (:func:`~ragen_turn.models.logprobs.model_mask`)."""
+        ``causal``: right-padded rows run plain causal attention (:func:`~ragen_turn.models.logprobs.model_inputs`).
+        ``read`` ``[B,T]`` bool (optional): only these positions' values are wanted; on a plain Qwen2 / Llama body
+        the last layer then runs there only (:mod:`~ragen_turn.models.last_layer`) and the values elsewhere are 0."""
         if position_ids is None:
             position_ids = positions_from_mask(attention_mask)
-        out = self.backbone(input_ids=input_ids, attention_mask=model_mask(attention_mask, causal),
-                            position_ids=position_ids, use_cache=False)
+        mask, position_ids = model_inputs(attention_mask, position_ids, causal)
+        if read is not None and last_layer_supported(self.backbone):
+            hidden = hidden_where_read(self.backbone, input_ids, mask, position_ids, read)   # [n, H]
+            values = self.values_from_hidden(hidden[None])[0]                                # [n]
+            return values.new_zeros(input_ids.shape).index_put(read.bool().nonzero(as_tuple=True), values)
+        out = self.backbone(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=False)
         hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]     # [B,T,H]
         return self.values_from_hidden(hidden)
 

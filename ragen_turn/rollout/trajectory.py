@@ -129,15 +129,25 @@ class Trajectory:
         sub = Trajectory(**out)
         return sub.trim()
 
-    def micro_batches(self, size: int) -> List[torch.Tensor]:
-        """Row indices in chunks of ``size`` (the last may be shorter), rows of similar length together: every
-        row appears once, and a chunk passed to :meth:`select` is padded only to its own longest row. Which rows
-        share a chunk does not change a sum over the rows (a mini-batch's loss, its gradient), only the padding
-        computed on: with Sokoban's episodes, 64 rows in chunks of 16 run on about 0.7x the tokens of chunks in
-        row order (``benchmarks/bench_micro_batches.py``)."""
+    def micro_batches(self, size: int, split: str = "rows") -> List[torch.Tensor]:
+        """Row indices in chunks of at most ``size`` rows, rows of similar length together: every row appears
+        once, and a chunk passed to :meth:`select` is padded only to its own longest row. Which rows share a chunk
+        does not change a sum over the rows (a mini-batch's loss, its gradient), only the padding computed on: with
+        Sokoban's episodes, 64 rows in chunks of 16 run on about 0.7x the tokens of chunks in row order
+        (``benchmarks/bench_micro_batches.py``).
+
+        ``split``: ``rows`` cuts the length-sorted rows every ``size`` rows (the last chunk may be shorter);
+        ``padding`` cuts them where the padded tokens plus one longest row per chunk (a chunk's fixed cost) add up
+        to the least (:func:`padding_split`): e.g. 16 rows of 600-1,900 tokens (long_horizon) run on ~0.8x the
+        tokens of one chunk."""
         lengths = self.attention_mask.sum(dim=1)
         order = torch.argsort(lengths, stable=True)
         size = max(1, int(size))
+        if split == "padding":
+            cuts = padding_split(lengths[order].tolist(), size)
+            return [order[a:b] for a, b in zip(cuts[:-1], cuts[1:])]
+        if split != "rows":
+            raise ValueError(f"micro_batches: split={split!r} (rows | padding)")
         return [order[i:i + size] for i in range(0, self.batch_size, size)]
 
     def trim(self) -> "Trajectory":
@@ -161,3 +171,25 @@ class Trajectory:
         """``[B, T]``: HF ``generate``'s positions for the rows
         (:func:`~ragen_turn.models.logprobs.positions_from_mask`)."""
         return positions_from_mask(self.attention_mask)
+
+
+def padding_split(sorted_lengths: List[int], size: int) -> List[int]:
+    """Cut points ``[0, ..., n]`` of ascending ``sorted_lengths`` into chunks of at most ``size`` rows that
+    minimise the sum over chunks of ``(rows + 1) x longest``: the tokens a chunk padded to its longest row computes,
+    plus one such row for its fixed cost (so that rows of near lengths are not split for a few pad tokens). Dynamic
+    programming over the ``n x size`` (chunk end, rows) pairs; of equal costs, the one whose last chunk is largest."""
+    n = len(sorted_lengths)
+    best = [0.0] + [float("inf")] * n  # best[j]: the least cost of rows [0, j)
+    cut = [0] * (n + 1)
+    for j in range(1, n + 1):
+        longest = sorted_lengths[j - 1]
+        for i in range(max(0, j - size), j):  # the last chunk is rows [i, j)
+            cost = best[i] + (j - i + 1) * longest
+            if cost < best[j]:
+                best[j], cut[j] = cost, i
+    points, j = [n], n
+    while j > 0:
+        j = cut[j]
+        points.append(j)
+    return points[::-1]
+

@@ -15,17 +15,20 @@ The advantage estimator and the policy loss come from the config by name; the cr
 same critic trained only at the turn starts on return_h (``engines.advantages.critic_targets``, shared with the
 verl engine). Config checks, device/seeds and what a run logs live outside the engine (``ragen_turn.config``,
 ``runtime``, ``engines.runlog``).
+
+This file holds the loop and the PPO update (rollout, scoring, advantages, mini-batches, losses, optimizer steps);
+the trainer's other jobs are mixins in their own files: the optimizers and the lr schedule (``optimizers.py``),
+the critic's reads, loss and head fit (``critic.py``), the update guards (``max_update_kl`` rollback, the weights'
+soundness check: ``guards.py``), held-out evaluation (``evaluation.py``) and checkpoints (``checkpointing.py``).
 """
 from __future__ import annotations
 
 import contextlib
 import copy
 import os
-import random
-import shutil
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 import torch
@@ -40,26 +43,22 @@ from ragen_turn.algos import (
     masked_mean,
     minibatch_clip_stats,
     needs_minibatch_stats,
-    turn_boundaries,
-    value_loss,
+    value_norm,
     values_before_tokens,
 )
-from ragen_turn.config import model_config, policy_loss_config, validate_config
+from ragen_turn.config import FilterSpec, model_config, policy_loss_config, validate_config
 from ragen_turn.engines import checkpoints as ckpt
-from ragen_turn.config import FilterSpec
-from ragen_turn.engines.advantages import (advantage_metrics, compute_advantages, critic_targets, critic_values,
-                                           heldout_critic_explained_var, reward_kl_penalty, score_metrics)
+from ragen_turn.engines.advantages import (advantage_metrics, compute_advantages, normalised_critic_batch,
+                                           reward_kl_penalty, score_metrics)
 from ragen_turn.engines.rollout_filter import filter_rows
 from ragen_turn.engines.trace import EpisodeTracer, trace_rows
 from ragen_turn.engines.rundir import (
     DiskFull,
     TrainingStopped,
-    crash_point,
     identity_of,
     record_config,
     run_complete,
     take_run_dir,
-    writing,
 )
 from ragen_turn.engines.runlog import (
     append_metrics,
@@ -71,7 +70,6 @@ from ragen_turn.engines.runlog import (
     run_summary,
     truncate_metrics,
     val_split_name,
-    write_generations,
 )
 from ragen_turn.runfiles import CHECKPOINTS_DIR, GENERATIONS_FILE, METRICS_FILE, TRACE_FILE
 from ragen_turn.runtime import derived_seed, eta, fmt_duration, pick_device, seed_everything
@@ -80,28 +78,19 @@ from ragen_turn.models.lora import lora_of
 from ragen_turn.rollout import ChatFormatter, EnvGroupManager, Trajectory, context_config, run_episodes, throttled
 from ragen_turn.rollout.context import check_context_fits
 
+from .checkpointing import (HYPERPARAMS, TRAINER_STATE_FORMAT, CheckpointMixin, load_trainer_state,
+                            restore_rng_states, rng_states)
 from .collapse import collapse_due, collapse_metrics
+from .critic import CriticMixin
+from .evaluation import EvaluationMixin, evaluate_policy
+from .guards import UpdateGuardMixin
+from .optimizers import OptimizerMixin, warmup_lr_factor
 from .sampler import LocalSampler, NonFiniteSampling
 
-
-@torch.no_grad()
-def evaluate_policy(model, tokenizer, cfg: DictConfig, envs: EnvGroupManager, device, prefix: str = "val",
-                    log=None, on_batch=None) -> Dict[str, float]:
-    """Play every env of ``envs`` (held-out seeds for ``val``) once at ``rollout.val_temperature``.
-
-    ``log`` (optional) gets one progress line per turn; ``on_batch`` (optional) gets the episodes' ``Trajectory``."""
-    model.eval()
-    r = cfg.actor_rollout_ref.rollout
-    sampler = LocalSampler(model, tokenizer, temperature=r.val_temperature, top_p=1.0 if r.val_temperature else r.top_p,
-                           device=device, generator=torch.Generator().manual_seed(int(cfg.seed)),
-                           micro_batch_size=r.micro_batch_size, prefix_cache=r.prefix_cache, decode=r.decode,
-                           lean=r.lean_forward)
-    episodes = run_episodes(envs.assign_seeds(cfg.seed, 0), sampler, ChatFormatter(tokenizer), context_config(cfg),
-                            log=log)
-    batch = Trajectory.from_episodes(episodes, tokenizer.pad_token_id)
-    if on_batch is not None:
-        on_batch(batch)
-    return episode_metrics(batch, prefix)
+# importable from here as before the split (tests, evaluate.py, benchmarks): the names that moved out
+__all__ = ["StarPOTrainer", "build_trainer", "warmup_lr_factor", "evaluate_policy", "rng_states",
+           "restore_rng_states", "load_trainer_state", "TRAINER_STATE_FORMAT", "HYPERPARAMS", "context_config",
+           "episode_metrics", "ROLLOUT_PROGRESS_S", "UPDATE_PROGRESS_S"]
 
 
 ROLLOUT_PROGRESS_S = 30.0  # a training rollout's progress line at most this often (none in a shorter rollout)
@@ -109,7 +98,7 @@ UPDATE_PROGRESS_S = 30.0  # the same for an update (its mini-batches), which can
 
 
 # ------------------------------------------------------------------------------------------------
-class StarPOTrainer:
+class StarPOTrainer(OptimizerMixin, CriticMixin, UpdateGuardMixin, EvaluationMixin, CheckpointMixin):
     """RAGEN's StarPO loop on one device, for every algo (grpo, token_ppo, bi_level_gae, turn_ppo, s_ppo,
     turn_is, st_ppo, ...): the advantage estimator and the policy loss come from the config by name, the
     critic (none, token or turn) from the estimator's registry entry (``critic.level``)."""
@@ -149,6 +138,7 @@ class StarPOTrainer:
             self.critic = CriticModel.on_shared_backbone(self.actor)
         elif cfg.critic.level != "none":
             self.critic = CriticModel.from_causal_lm(self.actor).to(self.device)
+        self.value_norm = value_norm(cfg.critic)  # critic.target_norm: the targets' running mean / std (None: off)
         # LoRA (actor_rollout_ref.model.lora_rank > 0): after the critic's copy, which stays fully fine-tuned
         self.lora = lora_of(self.actor, cfg.actor_rollout_ref.get("model"))
         self.ref = None
@@ -159,20 +149,7 @@ class StarPOTrainer:
             for m in (self.actor, None if self.shared_critic else self.critic):
                 if m is not None:
                     m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        a, c = cfg.actor_rollout_ref.actor, cfg.critic
-        groups = [{"params": [p for p in self.actor.parameters() if p.requires_grad]}]  # LoRA: the adapter
-        if self.shared_critic:  # the head keeps the critic's lr and weight decay
-            groups.append({"params": list(self.critic.value_head.parameters()), "lr": c.optim.lr,
-                           "weight_decay": c.optim.weight_decay})
-        self.actor_optim = torch.optim.AdamW(groups, lr=a.optim.lr, weight_decay=a.optim.weight_decay,
-                                             betas=tuple(a.optim.betas))
-        self.critic_optim = None
-        if self.critic is not None and not self.shared_critic:
-            self.critic_optim = torch.optim.AdamW(self.critic.parameters(), lr=c.optim.lr,
-                                                  weight_decay=c.optim.weight_decay)
-        for optim in filter(None, (self.actor_optim, self.critic_optim)):  # each group's config lr, which a
-            for g in optim.param_groups:                                     # warm-up scales (_set_lr)
-                g["initial_lr"] = g["lr"]
+        self._build_optimizers()  # actor (+ the shared critic's head) and critic AdamW (optimizers.py)
         self.ctx = context_config(cfg)
         self.formatter = ChatFormatter(self.tokenizer)
         self.train_envs = EnvGroupManager(cfg.custom_envs, cfg.es_manager.train, "train")
@@ -184,7 +161,7 @@ class StarPOTrainer:
                                     micro_batch_size=r.micro_batch_size, prefix_cache=r.prefix_cache, decode=r.decode,
                                     lean=r.lean_forward)
         self.sampler.record_logprobs = bool(r.sampler_logprobs)
-        self.loss_fn = get_policy_loss_fn(a.policy_loss.loss_mode)
+        self.loss_fn = get_policy_loss_fn(cfg.actor_rollout_ref.actor.policy_loss.loss_mode)
         self.loss_cfg = policy_loss_config(cfg)
         self.tracer = EpisodeTracer(cfg, self.out_dir / TRACE_FILE, "local", self.tokenizer, self.loss_cfg) \
             if cfg.trainer.trace_episodes else None  # trace.jsonl (engines/trace.py); off: nothing built
@@ -226,13 +203,18 @@ class StarPOTrainer:
         return batch if len(rows) == batch.batch_size else batch.select(rows)
 
     # -------------------------------------------------------------------------------- scoring
+    def _micro_batches(self, batch: Trajectory) -> List[torch.Tensor]:
+        """Row indices of ``batch``'s micro-batches: at most ``micro_batch_size_per_gpu`` rows of similar length
+        each, cut as ``engine.micro_batch_split`` says (:meth:`Trajectory.micro_batches`)."""
+        return batch.micro_batches(self.cfg.micro_batch_size_per_gpu, self.cfg.engine.micro_batch_split)
+
     @torch.no_grad()
     def _forward_all(self, fn, batch: Trajectory) -> torch.Tensor:
         """``fn(ids, am, pos, response_mask)`` ``[b, t]`` over length-sorted micro-batches
         (:meth:`Trajectory.micro_batches`), each padded only to its own longest row; returns ``[B, T]`` float32
         on the CPU in the batch's row order, 0 past each micro-batch's width (padding)."""
         out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
-        for idx in batch.micro_batches(self.cfg.micro_batch_size_per_gpu):
+        for idx in self._micro_batches(batch):
             mb = batch.select(idx).to(self.device)
             res = fn(mb.input_ids, mb.attention_mask, mb.position_ids, mb.response_mask).float().cpu()
             out[idx, :res.shape[1]] = res
@@ -242,11 +224,8 @@ class StarPOTrainer:
         """Log-probs of the response tokens at the sampling temperature (so ratios compare like with like);
         0 on other tokens."""
         return sequence_logprobs(model, ids, am, pos, temperature=self.cfg.actor_rollout_ref.rollout.temperature or 1.0,
-                                 token_mask=response_mask, causal=self.cfg.engine.causal_attention, **kw)
-
-    def critic_values(self, ids, am, pos) -> torch.Tensor:
-        """Critic values in the engines' shared layout: ``[:, t]`` = V(state just before token t)."""
-        return values_before_tokens(self.critic(ids, am, pos, causal=self.cfg.engine.causal_attention))
+                                 token_mask=response_mask, causal=self.cfg.engine.causal_attention,
+                                 last_layer_read=self.cfg.engine.last_layer_where_read, **kw)
 
     def score(self, batch: Trajectory) -> None:
         self.actor.eval()
@@ -259,8 +238,10 @@ class StarPOTrainer:
                 batch.ref_logp = self._forward_all(lambda *a: self.logprobs(self.ref, *a), batch)
         if self.critic is not None:
             self.critic.eval()
-            after = self._forward_all(lambda ids, am, pos, _: self.critic(  # V after token t
-                ids, am, pos, causal=self.cfg.engine.causal_attention), batch)
+            boot = self.cfg.algorithm.bootstrap_truncated
+            after = self.denormalized(self._forward_all(lambda ids, am, pos, rm: self.critic(  # V after token t
+                ids, am, pos, causal=self.cfg.engine.causal_attention,                     # (where read)
+                read=self.value_reads(rm, (am.sum(dim=1) - 1).clamp(min=0) if boot else None)), batch))
             batch.values = values_before_tokens(after) * batch.response_mask
             if self.cfg.algorithm.bootstrap_truncated:  # V after the row's last token, for rows that were cut
                 last = (batch.attention_mask.sum(dim=1) - 1).clamp(min=0)
@@ -276,57 +257,12 @@ class StarPOTrainer:
         metrics.update(score_metrics(batch, self.cfg, penalty))
         return metrics
 
-    # -------------------------------------------------------------------------------- critic
-    def value_targets(self, batch: Trajectory):
-        """``(values, returns, mask)`` the critic is trained on
-        (:func:`~ragen_turn.engines.advantages.critic_targets`: tokens ``[B, T]``, or the turn starts ``[B, H]``
-        for the turn critic): the values are the critic's before this step's update, so
-        ``critic/explained_var`` over them is CleanRL's."""
-        mask, old, returns = critic_targets(batch, self.cfg.critic.level)
-        return old, returns, mask
-
-    def critic_loss(self, mb: Trajectory, values: torch.Tensor, counts: Optional[GlobalCounts] = None):
-        """The critic's loss on a micro-batch from fresh ``values`` ``[b, T]`` (token layout) read where
-        :func:`~ragen_turn.engines.advantages.critic_targets` puts its targets: its share of the mean over the
-        mini-batch's response tokens (token critic) or turns (turn critic) (``counts``)."""
-        level = self.cfg.critic.level
-        mask, old, returns = critic_targets(mb, level)
-        n = (counts.turns if level == "turn" else counts.tokens) if counts else None
-        return value_loss(critic_values(values, mb, level), old, returns, mask,
-                          self.cfg.critic.cliprange_value, normaliser=n)
-
     # -------------------------------------------------------------------------------- update
     def _minibatches(self, n: int, epoch: int) -> List[torch.Tensor]:
         g = torch.Generator().manual_seed(derived_seed(self.cfg.seed, self.step, epoch, 11))
         perm = torch.randperm(n, generator=g)
         bm = self.cfg.ppo_mini_batch_size
         return [perm[i:i + bm] for i in range(0, n, bm) if len(perm[i:i + bm]) > 0]
-
-    def _set_lr(self, optim: torch.optim.Optimizer, optim_cfg, index: int) -> float:
-        """The lr of the ``index``-th update (0-based, one per training step): each param group's config lr
-        (``initial_lr``) times :func:`warmup_lr_factor`. Derived from the step alone, so a resumed run gets the
-        same lr as one that never stopped. Returns the first group's lr, the one this update uses (verl logs its
-        ``actor/lr`` after stepping the schedule: the next update's)."""
-        f = warmup_lr_factor(optim_cfg, index, int(self.cfg.trainer.total_training_steps))
-        for g in optim.param_groups:
-            g["lr"] = g["initial_lr"] * f
-        return optim.param_groups[0]["lr"]
-
-    def _optimizer_step(self, model, optim, grad_clip: float, step_scale: float = 1.0) -> Optional[float]:
-        """Clip and step (the step's lr times ``step_scale``); returns the grad norm before clipping, or None (and
-        skips the step) if it is not finite."""
-        gn = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip if grad_clip > 0 else float("inf"))
-        if not torch.isfinite(gn):
-            optim.zero_grad(set_to_none=True)
-            return None
-        lrs = [g["lr"] for g in optim.param_groups]
-        for g in optim.param_groups:
-            g["lr"] *= step_scale
-        optim.step()
-        for g, lr in zip(optim.param_groups, lrs):
-            g["lr"] = lr
-        optim.zero_grad(set_to_none=True)
-        return float(gn)
 
     def _run_updates(self, batch: Trajectory, model, optim, loss_of, epochs: int, grad_clip: float, prefix: str,
                      stats_of=None, target_kl: Optional[float] = None, step_scale: str = "none"):
@@ -386,15 +322,6 @@ class StarPOTrainer:
             out[f"{prefix}/minibatches_stepped"] = float(sum(t[f"{prefix}/stepped"] for t in trace))
         return out, skipped
 
-    @torch.no_grad()
-    def update_kl(self, batch: Trajectory) -> float:
-        """How far the actor's update moved the policy: approx KL (k3, per response token, capped at 10) between
-        the rollout policy and the updated one over the whole batch (one extra forward)."""
-        self.actor.eval()
-        new = self._forward_all(lambda *a: self.logprobs(self.actor, *a), batch)
-        return float(masked_mean(kl_penalty(batch.old_logp, new, "low_var_kl"), batch.response_mask.float()))
-
-
     def _accumulate(self, mini: Trajectory, loss_of, stats_of=None) -> Optional[Dict[str, float]]:
         """Forward and backward one mini-batch in micro-batches of ``micro_batch_size_per_gpu`` (rows of similar
         length together: :meth:`Trajectory.micro_batches`); the gradients add up in ``.grad``.
@@ -412,7 +339,7 @@ class StarPOTrainer:
         divided by the mini-batch's counts), so they are added up: the same statistics for any micro-batch size.
         """
         counts = GlobalCounts.of(mini.response_mask, mini.turn_ids)
-        micros = [mini.select(idx).to(self.device) for idx in mini.micro_batches(self.cfg.micro_batch_size_per_gpu)]
+        micros = [mini.select(idx).to(self.device) for idx in self._micro_batches(mini)]
         if stats_of is not None:
             with torch.no_grad():
                 counts = counts.with_clip_stats(sum(stats_of(m, counts) for m in micros))
@@ -471,38 +398,6 @@ class StarPOTrainer:
             loss = loss + a.kl_loss_coef * kl
         return loss, metrics
 
-    def fit_critic_head(self, batch: Trajectory) -> None:
-        """``critic.head_init=fit``: the value head by least squares (:meth:`CriticModel.fit_head`) on
-        :meth:`critic_features` of ``batch``."""
-        self.critic.fit_head(*(t.to(self.device) for t in self.critic_features(batch)))
-
-    @torch.no_grad()
-    def critic_features(self, batch: Trajectory):
-        """``(X [N, H], y [N])`` on the CPU: the critic backbone's last hidden states where the critic reads its values
-        (the state before each target: turn starts or response tokens) and the batch's targets there
-        (``critic_targets``), in row order."""
-        level = self.cfg.critic.level
-        feats, ys = [], []
-        self.critic.eval()
-        for idx in batch.micro_batches(self.cfg.micro_batch_size_per_gpu):
-            mb = batch.select(idx).to(self.device)
-            out = self.critic.backbone(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
-                                       position_ids=mb.position_ids, use_cache=False)
-            hidden = torch.nn.functional.pad(out.last_hidden_state.float()[:, :-1], (0, 0, 1, 0))  # [b, T, H]:
-            # the state before token t, where values_before_tokens reads V
-            mask, _, returns = critic_targets(mb, level)
-            if level == "turn":
-                starts, _ = turn_boundaries(mb.turn_ids, mask.shape[1])
-                hidden = hidden.gather(1, starts[..., None].expand(-1, -1, hidden.shape[-1]))  # [b, H_turns, H]
-            on = mask.bool()
-            feats.append(hidden[on].cpu())
-            ys.append(returns[on].float().cpu())
-        return torch.cat(feats), torch.cat(ys)
-
-    def critic_step_loss(self, mb: Trajectory, counts: Optional[GlobalCounts] = None):
-        values = self.critic_values(mb.input_ids, mb.attention_mask, mb.position_ids)
-        return self.critic_loss(mb, values.float(), counts)
-
     def update(self, batch: Trajectory) -> Dict[str, float]:
         """Critic, then actor. The actor's update stops early at ``actor.target_kl`` (a mini-batch whose approx KL
         is above it is not stepped, and the rest of the update is dropped; :meth:`_run_updates`). With
@@ -513,12 +408,16 @@ class StarPOTrainer:
         metrics: Dict[str, float] = {}
         skipped = 0
         self.update_trace = {}
+        cbatch = batch  # what the critic trains on: with critic.target_norm, normalised values and targets
+        if self.value_norm is not None:
+            cbatch, m = normalised_critic_batch(self.value_norm, batch, self.cfg.critic.level)
+            metrics.update(m)
         if self.critic is not None and self.step == 0 and self.cfg.critic.get("head_init", "zero") == "fit":
-            self.fit_critic_head(batch)  # the first update: the head fitted before any gradient step
+            self.fit_critic_head(cbatch)  # the first update: the head fitted before any gradient step
             metrics["critic/head_fit"] = 1.0
         if self.critic is not None and not self.shared_critic:
             metrics["critic/lr"] = self._set_lr(self.critic_optim, self.cfg.critic.optim, self.step)
-            m, s = self._run_updates(batch, self.critic, self.critic_optim, self.critic_step_loss,
+            m, s = self._run_updates(cbatch, self.critic, self.critic_optim, self.critic_step_loss,
                                      self.cfg.critic.ppo_epochs, self.cfg.critic.grad_clip, "critic")
             metrics.update(m)
             skipped += s
@@ -532,6 +431,7 @@ class StarPOTrainer:
         model, loss_of = self.actor, self.actor_loss
         if self.shared_critic:  # one optimizer step on actor + value head (clipped together)
             model, loss_of = torch.nn.ModuleList([self.actor, self.critic.value_head]), self.joint_loss
+            batch = cbatch  # the value loss's values and targets (the actor's loss does not read them)
         a = self.cfg.actor_rollout_ref.actor
         stats_of = self.clip_stats if needs_minibatch_stats(a.policy_loss.loss_mode, self.loss_cfg) else None
         limit = a.get("max_update_kl")
@@ -548,113 +448,6 @@ class StarPOTrainer:
                      f"stepped, the rest of the update skipped")
         rolled_back = self._roll_back_past(limit, batch, model, before, metrics) if limit is not None else False
         return self._after_update(metrics, skipped, rolled_back)
-
-    def _rollback_point(self, model) -> Tuple[Dict[str, torch.Tensor], Dict[str, Any]]:
-        """What a ``max_update_kl`` rollback restores: a copy of ``model``'s weights and of the actor optimizer's
-        state (its moments)."""
-        return ({k: v.detach().clone() for k, v in self._weights(model).items()},
-                copy.deepcopy(self.actor_optim.state_dict()))
-
-    def _roll_back_past(self, limit: float, batch: Trajectory, model, before, metrics: Dict[str, float]) -> bool:
-        """``actor.max_update_kl``: the update's approx KL over ``batch`` (:meth:`update_kl`, ``actor/update_kl``);
-        above ``limit`` the weights and the optimizer's state go back to ``before`` (:meth:`_rollback_point`).
-        True when rolled back (``actor/update_rolled_back``)."""
-        kl = metrics["actor/update_kl"] = self.update_kl(batch)
-        rolled_back = not kl <= limit
-        if rolled_back:
-            model.load_state_dict(before[0], strict=self.lora is None)
-            self.actor_optim.load_state_dict(before[1])
-            self.log(f"[warn] step {self.step + 1}: the actor's update moved the policy by approx KL {kl:.4g} "
-                     f"> actor_rollout_ref.actor.max_update_kl={limit}: rolled back")
-        metrics["actor/update_rolled_back"] = float(rolled_back)
-        return rolled_back
-
-    def _after_update(self, metrics: Dict[str, float], skipped: int, rolled_back: bool) -> Dict[str, float]:
-        """Eval mode, and the count of steps in a row whose update was skipped or rolled back."""
-        self.actor.eval()
-        if skipped:
-            self.log(f"[warn] step {self.step + 1}: {skipped} update(s) skipped: non-finite loss or gradient")
-        if skipped or rolled_back:
-            self.nonfinite_in_a_row += 1
-            if self.nonfinite_in_a_row >= self.cfg.trainer.max_nonfinite_steps:
-                raise TrainingStopped(f"non-finite or rolled-back updates in {self.nonfinite_in_a_row} steps in a row "
-                                      f"(trainer.max_nonfinite_steps={self.cfg.trainer.max_nonfinite_steps}); "
-                                      f"lower the learning rate or check the rewards. {self.checkpoint_note()}")
-        else:
-            self.nonfinite_in_a_row = 0
-        return metrics
-
-    # -------------------------------------------------------------------------------- weights' soundness
-    MAX_RELATIVE_UPDATE = 1.0  # an update moving a model's weights by more than their own norm is a blow-up
-
-    def _trained_modules(self) -> Dict[str, torch.nn.Module]:
-        mods = {"actor": self.actor}
-        if self.critic is not None:
-            mods["critic"] = self.critic.value_head if self.shared_critic else self.critic
-        return mods
-
-    def _weights(self, m: torch.nn.Module) -> Dict[str, torch.Tensor]:
-        """What an update changes in ``m``: its state dict, or with LoRA its trainable parameters only (a copy of
-        the frozen base each step would cost a full model)."""
-        return m.state_dict() if self.lora is None else {n: p for n, p in m.named_parameters() if p.requires_grad}
-
-    def sound_update(self, batch: Trajectory) -> Dict[str, float]:
-        """:meth:`update`, then the weights are part of the soundness check: an update that leaves non-finite
-        weights, or moves a model's weights by more than :data:`MAX_RELATIVE_UPDATE` times their norm (a finite
-        blow-up, e.g. lr=1e30: the loss and gradient are finite, the weights reach 1e30 and the next rollout's
-        sampling distribution is not finite) is treated like a non-finite loss: the weights and optimizer states
-        are put back, the checkpoint before is not confirmed (``last_good`` stays), and the step counts toward
-        ``trainer.max_nonfinite_steps``. Costs a copy of the weights and optimizer states (on the CPU) per step.
-        Metrics: ``<model>/weights_update_rel`` (||w_after - w_before|| / max(||w_before||, 1))."""
-        mods = self._trained_modules()
-        optims = [o for o in (self.actor_optim, self.critic_optim) if o is not None]
-        before = {k: {n: t.detach().to("cpu", copy=True) for n, t in self._weights(m).items()} for k, m in mods.items()}
-        optim_before = [copy.deepcopy(o.state_dict()) for o in optims]
-        in_a_row = self.nonfinite_in_a_row
-
-        def put_back() -> None:
-            for k, m in mods.items():
-                m.load_state_dict(before[k], strict=self.lora is None)
-            for o, state in zip(optims, optim_before):
-                o.load_state_dict(state)
-
-        try:
-            metrics = self.update(batch)
-        except TrainingStopped:  # stopped by a skipped update: the weights it left are not kept either
-            put_back()
-            raise
-        bad = []
-        for k, m in mods.items():
-            num = den = 0.0
-            finite = True
-            for n, t in self._weights(m).items():
-                if not t.is_floating_point():
-                    continue
-                a, b = t.detach().double().cpu(), before[k][n].double()  # 1e30 ** 2 overflows float32
-                finite = finite and bool(torch.isfinite(a).all())
-                num += float((a - b).pow(2).sum())
-                den += float(b.pow(2).sum())
-            # relative to the weights' norm, and to 1 at least (a zero-initialised value head starts at norm 0)
-            rel = (num ** 0.5) / max(den ** 0.5, 1.0) if finite else float("inf")
-            metrics[f"{k}/weights_update_rel"] = rel
-            if not finite:
-                bad.append(f"{k} weights not finite")
-            elif not rel <= self.MAX_RELATIVE_UPDATE:
-                bad.append(f"{k} weights moved by {rel:.3g} x their norm")
-        metrics["actor/weights_unsound"] = float(bool(bad))
-        if not bad:
-            return metrics
-        put_back()
-        self.nonfinite_in_a_row = in_a_row + 1
-        self.log(f"[warn] step {self.step + 1}: the update left unsound weights ({'; '.join(bad)}): "
-                 "weights and optimizer states put back")
-        if self.nonfinite_in_a_row >= self.cfg.trainer.max_nonfinite_steps:
-            lr = self.cfg.actor_rollout_ref.actor.optim.lr
-            raise TrainingStopped(f"unsound updates (non-finite or exploding weights, non-finite or rolled-back "
-                                  f"updates) in {self.nonfinite_in_a_row} steps in a row (trainer.max_nonfinite_steps="
-                                  f"{self.cfg.trainer.max_nonfinite_steps}); lower the learning rate "
-                                  f"(actor_rollout_ref.actor.optim.lr={lr}). {self.checkpoint_note()}")
-        return metrics
 
     # -------------------------------------------------------------------------------- one step
     def train_step(self) -> Dict[str, float]:
@@ -715,28 +508,6 @@ class StarPOTrainer:
                         "rollout/consecutive_empty_after_filter_steps": float(self.empty_filtered_steps),
                         "perf/rollout_s": t_roll, "perf/step_s": time.time() - t0, "env/kept_episodes": 0.0})
         return metrics
-
-    def evaluate(self, envs: Optional[EnvGroupManager] = None, prefix: str = "val") -> Dict[str, float]:
-        """Held-out episodes (:func:`evaluate_policy`); with a critic, also ``<prefix>/critic_explained_var``: its
-        values on those episodes against their realised returns (``heldout_critic_explained_var``)."""
-        n = int(self.cfg.trainer.get("log_val_generations") or 0)
-        seen: List[Trajectory] = []
-
-        def on_batch(batch: Trajectory) -> None:
-            seen.append(batch)
-            if n and prefix == "val":
-                write_generations(self.out_dir / GENERATIONS_FILE, self.step, batch.episodes[:n],
-                                  [self.tokenizer.decode(e.token_ids) for e in batch.episodes[:n]])
-
-        out = evaluate_policy(self.actor, self.tokenizer, self.cfg, envs or self.val_envs, self.device, prefix,
-                              log=throttled(self.log, 20.0), on_batch=on_batch)
-        if self.critic is not None:
-            self.critic.eval()
-            batch = seen[0]
-            after = self._forward_all(lambda ids, am, pos, _: self.critic(ids, am, pos), batch)
-            batch.values = values_before_tokens(after) * batch.response_mask
-            out[f"{prefix}/critic_explained_var"] = heldout_critic_explained_var(batch, self.cfg)
-        return out
 
     def fit(self) -> Dict[str, Any]:
         """Train to ``trainer.total_training_steps`` (or the time budget); returns the last step's metrics and,
@@ -821,178 +592,6 @@ class StarPOTrainer:
             self.wandb = wandb.init(project=self.cfg.wandb.project, name=self.cfg.trainer.experiment_name,
                                     dir=str(self.out_dir), config=OmegaConf.to_container(self.cfg, resolve=True))
         self.wandb.log(with_ragen_names(metrics), step=int(metrics.get("step", self.step)))  # ours and RAGEN's
-
-    # -------------------------------------------------------------------------------- checkpoints
-    def checkpoint_note(self) -> str:
-        """Which checkpoint to go back to, for the line that stops a run."""
-        good, newest = ckpt.last_good(self.ckpt_dir), ckpt.newest_complete(self.ckpt_dir)
-        if good is not None:
-            return (f"The last good checkpoint (the step after it updated soundly) is {good}: resume from it with "
-                    f"trainer.resume=true trainer.resume_from={ckpt.LAST_GOOD}")
-        if newest is not None:
-            return f"The last complete checkpoint is {newest} (resume with trainer.resume=true)"
-        return f"No checkpoint was written in {self.ckpt_dir}"
-
-    def save_checkpoint(self) -> Path:
-        """Write ``checkpoints/step_N`` so that a crash at any moment leaves the previous checkpoints loadable:
-        staged in ``.tmp_step_N``, renamed into place, ``latest`` replaced atomically, old ones rotated
-        (``engines/checkpoints.py``)."""
-        tmp = ckpt.begin(self.ckpt_dir, self.step)
-        try:
-            with writing(tmp / "actor"):
-                if self.lora:  # actor/: the merged model (plain transformers); actor_adapter/: the adapter (peft)
-                    self.lora.save(tmp / "actor", tmp / ckpt.ADAPTER_DIR)
-                else:
-                    self.actor.save_pretrained(tmp / "actor")
-                crash_point("actor written")
-                self.tokenizer.save_pretrained(tmp / "actor")
-                crash_point("tokenizer written")
-            state = {"format": TRAINER_STATE_FORMAT, "step": self.step, "nonfinite_in_a_row": self.nonfinite_in_a_row,
-                     "kl_ctrl": None if self.kl_ctrl is None else float(self.kl_ctrl.value),
-                     "actor_optim": self.actor_optim.state_dict(), "rng": rng_states()}
-            with writing(tmp / "critic"):
-                if self.shared_critic:
-                    self.critic.save_value_head(tmp / "critic")
-                elif self.critic is not None:
-                    self.critic.save_pretrained(tmp / "critic")
-                    state["critic_optim"] = self.critic_optim.state_dict()
-                crash_point("critic written")
-            with writing(tmp / "trainer_state.pt"):
-                torch.save(state, tmp / "trainer_state.pt")
-            crash_point("trainer state written")
-            final = ckpt.commit(tmp, self.step)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)  # a failed write frees its space; the older checkpoints stay
-            raise
-        ckpt.rotate(self.ckpt_dir, self.cfg.trainer.keep_checkpoints)
-        self.unconfirmed = final
-        return final
-
-    def _load_optimizer(self, optim: torch.optim.Optimizer, state: dict, name: str) -> None:
-        """The optimizer's moments from a checkpoint; its hyperparameters (lr, weight decay, betas) stay the
-        config's (``load_state_dict`` alone would bring back the checkpoint's and ignore, e.g., a new lr)."""
-        mine = [{k: g[k] for k in HYPERPARAMS if k in g} for g in optim.param_groups]
-        optim.load_state_dict(state)
-        for i, (g, want) in enumerate(zip(optim.param_groups, mine)):
-            saved = {**g, "lr": g.get("initial_lr", g["lr"])}  # its config lr, not where a warm-up had it
-            changed = {k: (saved[k], v) for k, v in want.items() if saved[k] != v}
-            g.update(want)
-            g["initial_lr"] = g["lr"]
-            if changed:
-                self.log(f"[ragen_turn] resume: {name} optimizer group {i} takes the config's "
-                         + ", ".join(f"{k} {old} -> {new}" for k, (old, new) in changed.items()))
-
-    def load_checkpoint(self) -> bool:
-        """Resume: ``trainer.resume_from`` when set, else the newest complete checkpoint whose files match their
-        sha256 (``latest`` is read first; a missing, empty, garbage or stale one is said and passed over); one that
-        fails its checksum or its load is said and the next older one tried. Checkpoints after the loaded step
-        are removed."""
-        name = self.cfg.trainer.get("resume_from")
-        self.load_unverified = bool(self.cfg.trainer.get("load_unverified", False))
-        if name:
-            path = ckpt.find(self.ckpt_dir, name, verify=True, allow_unverified=self.load_unverified)
-            self._load_state(path)
-        else:
-            tried: tuple = ()
-            while True:
-                path = ckpt.resume_point(self.ckpt_dir, log=self.log, skip=tried,
-                                         allow_unverified=self.load_unverified)
-                if path is None:
-                    if ckpt.step_dirs(self.ckpt_dir):
-                        raise FileNotFoundError(
-                            f"trainer.resume=true: no checkpoint in {self.ckpt_dir} loads (see the lines above); "
-                            "trainer.overwrite=true starts the run over")
-                    self.log(f"[ragen_turn] trainer.resume=true but no checkpoint in {self.ckpt_dir}: starting fresh")
-                    return False
-                try:
-                    self._load_state(path)
-                    break
-                except Exception as e:  # a file the checksum did not catch (no sha256 in its manifest)
-                    self.log(f"[ragen_turn] checkpoint {path} failed to load ({type(e).__name__}: "
-                             f"{str(e).strip()[:200]}); trying an older one")
-                    tried += (path.name,)
-        ckpt.drop_after(self.ckpt_dir, self.step, log=self.log)
-        self.unconfirmed = path
-        self.log(f"[ragen_turn] resumed from {path} at step {self.step}")
-        return True
-
-    def _load_state(self, path: Path) -> None:
-        """Weights, optimizer moments, step and RNG states from checkpoint directory ``path``."""
-        from transformers import AutoModelForCausalLM
-
-        state = load_trainer_state(path / "trainer_state.pt")
-        if self.lora:  # the frozen base is the one this run built (model.path, warm start); the adapter is saved
-            if not (path / ckpt.ADAPTER_DIR).is_dir():
-                raise FileNotFoundError(f"{path} has no {ckpt.ADAPTER_DIR}/: a full fine-tuning checkpoint cannot "
-                                        "resume a LoRA run (actor_rollout_ref.model.lora_rank=0 resumes it)")
-            self.lora.load_adapter(path / ckpt.ADAPTER_DIR)
-        else:
-            loaded = AutoModelForCausalLM.from_pretrained(path / "actor", dtype=self.dtype, local_files_only=True)
-            self.actor.load_state_dict(loaded.state_dict())
-        self._load_optimizer(self.actor_optim, state["actor_optim"], "actor")
-        if self.shared_critic:
-            self.critic.load_value_head(path / "critic")
-        elif self.critic is not None:
-            loaded_c = CriticModel.from_pretrained(path / "critic", dtype=self.cfg.dtype)
-            self.critic.load_state_dict(loaded_c.state_dict())
-            self._load_optimizer(self.critic_optim, state["critic_optim"], "critic")
-        self.step = int(state["step"])
-        self.nonfinite_in_a_row = int(state["nonfinite_in_a_row"])
-        if self.kl_ctrl is not None and state.get("kl_ctrl") is not None:  # the adaptive coefficient goes on
-            self.kl_ctrl.value = float(state["kl_ctrl"])
-        restore_rng_states(state["rng"])
-
-
-# trainer_state.pt holds tensors and plain types only (loads with torch.load(weights_only=True): no pickle from a
-# run dir); format 1 (before issue #59) held numpy's RNG state as an ndarray, which loads with numpy's array
-# reconstruction allowed (NUMPY_ARRAY_GLOBALS) and nothing else
-TRAINER_STATE_FORMAT = 2
-
-
-def rng_states() -> Dict[str, Any]:
-    """Python's, numpy's and torch's global RNG states as tensors and plain types (``weights_only`` loadable)."""
-    name, key, pos, has_gauss, cached = np.random.get_state()
-    return {"python": random.getstate(), "torch": torch.get_rng_state(),
-            "numpy": {"name": str(name), "key": torch.from_numpy(key.astype(np.int64)), "pos": int(pos),
-                      "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}}
-
-
-def restore_rng_states(rng: Dict[str, Any]) -> None:
-    """Set the global RNGs from :func:`rng_states` (or a format-1 state: numpy's tuple)."""
-    random.setstate(tuple(rng["python"][:1]) + (tuple(rng["python"][1]),) + tuple(rng["python"][2:]))
-    n = rng["numpy"]
-    if isinstance(n, dict):
-        n = (n["name"], n["key"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"])
-    np.random.set_state(n)
-    torch.set_rng_state(rng["torch"])
-
-
-def _numpy_array_globals() -> list:
-    core = getattr(np, "_core", None) or np.core
-    return [core.multiarray._reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
-
-
-def load_trainer_state(path: Path) -> Dict[str, Any]:
-    """``trainer_state.pt`` with ``torch.load(weights_only=True)``: tensors and plain types, never code. A format-1
-    file (numpy's RNG state as an ndarray) loads with numpy's array reconstruction allowed and nothing else."""
-    with torch.serialization.safe_globals(_numpy_array_globals()):
-        return torch.load(path, weights_only=True)
-
-
-def warmup_lr_factor(optim_cfg, index: int, total_steps: int) -> float:
-    """verl's constant lr schedule with linear warm-up, as a factor on the config lr for update ``index``
-    (0-based; one per training step): ``index / n`` while ``index < n``, then 1, where
-    n = ``optim.lr_warmup_steps``, or ``int(lr_warmup_steps_ratio * total_steps)`` when that is 0 or negative
-    (verl's rule; RAGEN's own FSDP worker delegates only a negative one: the two differ only for 0 with a
-    ratio > 0). The first update of a warm-up thus has lr 0 (it fills Adam's moments only), as in verl and
-    transformers' ``get_constant_schedule_with_warmup``. n = 0: always 1."""
-    n = int(optim_cfg.get("lr_warmup_steps", -1))
-    if n <= 0:
-        n = int(float(optim_cfg.get("lr_warmup_steps_ratio", 0.0)) * total_steps)
-    return index / n if index < n else 1.0
-
-
-HYPERPARAMS = ("lr", "weight_decay", "betas")  # an optimizer's settings that come from the config, also on resume
 
 
 def build_trainer(cfg: DictConfig, log=print) -> StarPOTrainer:

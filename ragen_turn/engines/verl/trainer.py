@@ -44,15 +44,16 @@ from verl.utils.debug import marked_timer
 from verl.utils.metric import reduce_metrics
 
 from ragen_turn.algos import (check_turn_ids, kl_controller, place_turn_rewards, scatter_turns, turn_boundaries,
-                              turn_mask_from_ids)
+                              turn_mask_from_ids, value_norm)
 from ragen_turn.config import FilterSpec, policy_loss_config
 from ragen_turn.engines import checkpoints as ckpt
 from ragen_turn.engines.advantages import (advantage_metrics, compute_advantages, critic_targets,
-                                           heldout_critic_explained_var, normalized_turn_rewards, reward_kl_penalty)
+                                           heldout_critic_explained_var, normalised_critic_batch,
+                                           normalized_turn_rewards, reward_kl_penalty)
 from ragen_turn.engines.rollout_filter import filter_rows, pad_rows
 from ragen_turn.engines.rundir import crash_point, identity_of, record_config, run_complete, writing
 from ragen_turn.engines.trace import EpisodeTracer, trace_rows
-from ragen_turn.runfiles import GENERATIONS_FILE, METRICS_FILE, TRACE_FILE
+from ragen_turn.runfiles import GENERATIONS_FILE, METRICS_FILE, TRACE_FILE, VALUE_NORM_FILE
 from ragen_turn.runtime import derived_seed
 from ragen_turn.engines.runlog import (
     append_metrics, episode_metrics, progress_line, record_provenance, run_header, truncate_metrics,
@@ -182,16 +183,18 @@ def turn_start_mask(turn_ids: torch.Tensor, turn_mask: torch.Tensor) -> torch.Te
     return out.scatter_add(1, starts, turn_mask.float()).clamp(max=1.0)
 
 
-def critic_batch(batch: DataProto, traj: Trajectory, level: str) -> DataProto:
+def critic_batch(batch: DataProto, traj: Trajectory, level: str, normalised: bool = False) -> DataProto:
     """The batch verl's critic update trains on: :func:`~ragen_turn.engines.advantages.critic_targets` (the local
     engine's too) in verl's token layout.
 
     ``token``: values/returns on every response token (``response_mask`` as sampled).
     ``turn``: ``response_mask`` = the turn-start mask, ``returns`` = return_h at turn h's first token,
     so verl's value loss is exactly ours on the turn positions (clipped, 0.5 * max, mean over turns).
+    ``normalised`` (``critic.target_norm``): ``traj`` is
+    :func:`~ragen_turn.engines.advantages.normalised_critic_batch`'s, and its values and returns are the batch's.
     """
     tensors = {k: batch.batch[k] for k in TRAIN_KEYS}
-    tensors["values"] = batch.batch["values"]
+    tensors["values"] = traj.values.to(batch.batch["values"].dtype) if normalised else batch.batch["values"]
     if level == "turn":
         tmask, _, turn_returns = critic_targets(traj, level)
         starts, _ = turn_boundaries(traj.turn_ids, tmask.shape[1])
@@ -200,7 +203,7 @@ def critic_batch(batch: DataProto, traj: Trajectory, level: str) -> DataProto:
         tensors["returns"] = torch.zeros_like(traj.response_mask).scatter_add(1, starts,
                                                                              turn_returns * tmask.float())
     else:
-        tensors["returns"] = batch.batch["returns"]
+        tensors["returns"] = traj.returns.to(batch.batch["returns"].dtype) if normalised else batch.batch["returns"]
     return DataProto.from_dict(tensors=tensors, meta_info=dict(batch.meta_info))
 
 
@@ -240,6 +243,7 @@ class VerlStarPOTrainer(RayPPOTrainer):
         self.tracer = EpisodeTracer(self.rcfg, self.out_dir / TRACE_FILE, "verl", tokenizer,
                                     policy_loss_config(self.rcfg)) if self.rcfg.trainer.trace_episodes else None
         self.reward_kl_ctrl = kl_controller(self.rcfg.algorithm)  # ours, shared with the local engine (None: off)
+        self.value_norm = value_norm(self.rcfg.critic)  # critic.target_norm (None: off), as the local engine's
 
     def _create_dataloader(self, train_dataset, val_dataset, collate_fn, train_sampler):
         total = int(self.config.trainer.total_training_steps)
@@ -280,7 +284,7 @@ class VerlStarPOTrainer(RayPPOTrainer):
         if self.use_critic:  # the critic on the held-out episodes, replicas asleep as for a training step's scoring
             self.checkpoint_manager.sleep_replicas()
             out.meta_info["temperature"] = self.config.actor_rollout_ref.rollout.temperature  # verl's engine reads it
-            traj.values = self._compute_values(out).batch["values"].float() * traj.response_mask
+            traj.values = self.denormalized(self._compute_values(out).batch["values"].float()) * traj.response_mask
             self.checkpoint_manager.update_weights(self.global_steps)  # awake again, at the actor's weights
             metrics["val/critic_explained_var"] = heldout_critic_explained_var(traj, self.rcfg)
         return metrics
@@ -323,12 +327,27 @@ class VerlStarPOTrainer(RayPPOTrainer):
         if self.use_critic:
             with marked_timer("values", timing):
                 batch = batch.union(self._compute_values(batch))
+                if self.value_norm is not None:  # the critic worker's outputs on the return scale
+                    v = batch.batch["values"]
+                    batch.batch["values"] = (self.denormalized(v.float()) * batch.batch["response_mask"]).to(v.dtype)
         return batch
 
+    def denormalized(self, out: torch.Tensor) -> torch.Tensor:
+        """The critic's outputs on the return scale: as they are, or de-normalised (``critic.target_norm``)."""
+        return out if self.value_norm is None else self.value_norm.denormalize(out)
+
     def update_critic(self, batch: DataProto, traj: Trajectory) -> Dict[str, float]:
-        """verl's critic update (its value loss) on :func:`critic_batch` (turn starts only for a turn critic)."""
-        out = self._update_critic(critic_batch(batch, traj, self.rcfg.critic.level))
-        metrics = reduce_metrics(out.meta_info["metrics"])
+        """verl's critic update (its value loss) on :func:`critic_batch` (turn starts only for a turn critic); with
+        ``critic.target_norm`` on the normalised values and targets (the local engine's
+        :func:`~ragen_turn.engines.advantages.normalised_critic_batch`)."""
+        level, metrics = self.rcfg.critic.level, {}
+        if self.value_norm is None:
+            cb = critic_batch(batch, traj, level)
+        else:
+            ntraj, metrics = normalised_critic_batch(self.value_norm, traj, level)
+            cb = critic_batch(batch, ntraj, level, normalised=True)
+        out = self._update_critic(cb)
+        metrics.update(reduce_metrics(out.meta_info["metrics"]))
         if "critic/vf_loss" in metrics:  # our name for verl's
             metrics["critic/value_loss"] = metrics["critic/vf_loss"]
         return metrics
@@ -511,6 +530,9 @@ class VerlStarPOTrainer(RayPPOTrainer):
             with writing(tmp / "data.pt"):
                 torch.save(self.train_dataloader.state_dict(), tmp / "data.pt")
             crash_point("data.pt written")
+            if self.value_norm is not None:
+                with writing(tmp / VALUE_NORM_FILE):
+                    torch.save(self.value_norm.state_dict(), tmp / VALUE_NORM_FILE)
             final = ckpt.commit(tmp, step, name=name, pointer=ckpt.VERL_TRACKER, pointer_text=str(step))
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)  # a failed write frees its space; the older checkpoints stay
@@ -569,6 +591,11 @@ class VerlStarPOTrainer(RayPPOTrainer):
         self.actor_rollout_wg.load_checkpoint(str(path / "actor"), del_local_after_load=False)
         if self.use_critic:
             self.critic_wg.load_checkpoint(str(path / "critic"), del_local_after_load=False)
+        if self.value_norm is not None:
+            if not (path / VALUE_NORM_FILE).exists():
+                raise FileNotFoundError(f"{path} holds no {VALUE_NORM_FILE}: it was written without "
+                                        "critic.target_norm=true, which this run has (resume with the same setting)")
+            self.value_norm.load_state_dict(torch.load(path / VALUE_NORM_FILE, weights_only=True))
 
     # ---------------------------------------------------------------------------------- logging
     def _make_tracker(self):
