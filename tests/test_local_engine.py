@@ -103,31 +103,23 @@ def test_scoring_in_length_sorted_micro_batches_keeps_each_rows_numbers(tmp_path
         assert not logp[b, n:].any()
 
 
-def test_causal_attention_without_the_padding_mask_keeps_scores_and_gradients(tmp_path):
-    """``engine.causal_attention``: right-padded rows run plain causal attention (no padding mask). The old
-    log-probs and values equal the masked forward's, and one mini-batch's accumulated gradients (actor and critic,
-    rows of uneven lengths in micro-batches) agree to float rounding; a left-padded batch keeps its mask."""
-    from omegaconf import open_dict as _open
-    from ragen_turn.models.logprobs import model_mask
+def _same_scores_and_gradients_with_and_without(tr, batch, flag):
+    """Score ``batch`` and take the actor's and critic's mini-batch gradients with ``engine.<flag>`` off, then on:
+    the same old log-probs and values (1e-6), loss statistics (1e-5 relative) and gradients (1e-4 relative), non-zero;
+    returns the two scored batches (off, on)."""
+    from omegaconf import open_dict
 
-    cfg = micro_config(["algo=turn_ppo", "es_manager.train.env_groups=4", "es_manager.train.group_size=2",
-                        "agent_proxy.max_turn=3", "ppo_mini_batch_size=8", "micro_batch_size_per_gpu=3",
-                        "model.num_attention_heads=4", "model.num_key_value_heads=2"], run_dir=tmp_path)
-    tr = build_trainer(cfg, log=_quiet)
-    tr.sampler = uneven_policy(tr.tokenizer)
-    batch = tr.rollout(0)
-    assert batch.attention_mask.sum(1).unique().numel() > 2  # rows of uneven lengths: padding in the micro-batches
     seen = {}
-    for causal in (False, True):
-        with _open(tr.cfg):
-            tr.cfg.engine.causal_attention = causal
+    for on in (False, True):
+        with open_dict(tr.cfg):
+            tr.cfg.engine[flag] = on
         b = batch.select(torch.arange(batch.batch_size))
         tr.score(b)
         tr.compute_advantages(b)
         grads = {}
         for name, model, loss_of in (("actor", tr.actor, tr.actor_loss), ("critic", tr.critic, tr.critic_step_loss)):
             grads[name] = _mini_batch_grads(tr, model, loss_of, None, b, 3)
-        seen[causal] = (b, grads)
+        seen[on] = (b, grads)
     (b0, g0), (b1, g1) = seen[False], seen[True]
     torch.testing.assert_close(b1.old_logp, b0.old_logp, rtol=0, atol=1e-6)
     torch.testing.assert_close(b1.values, b0.values, rtol=0, atol=1e-6)
@@ -137,6 +129,23 @@ def test_causal_attention_without_the_padding_mask_keeps_scores_and_gradients(tm
         assert any(g.abs().sum() > 0 for g in grads0)
         for x, y in zip(grads1, grads0):
             torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-6 * max(float(y.abs().max()), 1e-12))
+    return b0, b1
+
+
+def test_causal_attention_without_the_padding_mask_keeps_scores_and_gradients(tmp_path):
+    """``engine.causal_attention``: right-padded rows run plain causal attention (no padding mask). The old
+    log-probs and values equal the masked forward's, and one mini-batch's accumulated gradients (actor and critic,
+    rows of uneven lengths in micro-batches) agree to float rounding; a left-padded batch keeps its mask."""
+    from ragen_turn.models.logprobs import model_mask
+
+    cfg = micro_config(["algo=turn_ppo", "es_manager.train.env_groups=4", "es_manager.train.group_size=2",
+                        "agent_proxy.max_turn=3", "ppo_mini_batch_size=8", "micro_batch_size_per_gpu=3",
+                        "model.num_attention_heads=4", "model.num_key_value_heads=2"], run_dir=tmp_path)
+    tr = build_trainer(cfg, log=_quiet)
+    tr.sampler = uneven_policy(tr.tokenizer)
+    batch = tr.rollout(0)
+    assert batch.attention_mask.sum(1).unique().numel() > 2  # rows of uneven lengths: padding in the micro-batches
+    _same_scores_and_gradients_with_and_without(tr, batch, "causal_attention")
     right = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]])
     assert model_mask(right, True) is None and model_mask(right, False) is right
     left = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]])
@@ -161,7 +170,6 @@ def test_last_layer_where_read_keeps_scores_and_gradients(arch, layers, causal, 
     (models/last_layer.py). Against every position (the old path), on one batch of uneven rows: the old log-probs,
     the critic's values (a non-zero head) and the bootstrap values within 1e-6, and one mini-batch's accumulated
     actor and critic gradients (micro-batches of 3) and metrics to float rounding; the path is taken."""
-    from omegaconf import open_dict as _open
     from ragen_turn.models import last_layer
     from ragen_turn.models.logprobs import base_model
 
@@ -184,28 +192,9 @@ def test_last_layer_where_read_keeps_scores_and_gradients(arch, layers, causal, 
         calls.append(1)
         return real(*a, **k)
 
-    seen = {}
-    for on in (False, True):
-        with _open(tr.cfg):
-            tr.cfg.engine.last_layer_where_read = on
-        b = batch.select(torch.arange(batch.batch_size))
-        tr.score(b)
-        tr.compute_advantages(b)
-        grads = {}
-        for name, model, loss_of in (("actor", tr.actor, tr.actor_loss), ("critic", tr.critic, tr.critic_step_loss)):
-            grads[name] = _mini_batch_grads(tr, model, loss_of, None, b, 3)
-        seen[on] = (b, grads)
-    (b0, g0), (b1, g1) = seen[False], seen[True]
+    b0, b1 = _same_scores_and_gradients_with_and_without(tr, batch, "last_layer_where_read")
     assert b0.values.abs().max() > 1e-3 and b0.bootstrap_values is not None
-    torch.testing.assert_close(b1.old_logp, b0.old_logp, rtol=0, atol=1e-6)
-    torch.testing.assert_close(b1.values, b0.values, rtol=0, atol=1e-6)
     torch.testing.assert_close(b1.bootstrap_values, b0.bootstrap_values, rtol=0, atol=1e-6)
-    for name in ("actor", "critic"):
-        (m0, grads0), (m1, grads1) = g0[name], g1[name]
-        assert m0.keys() == m1.keys() and all(m1[k] == pytest.approx(m0[k], rel=1e-5, abs=1e-7) for k in m0)
-        assert any(g.abs().sum() > 0 for g in grads0)
-        for x, y in zip(grads1, grads0):
-            torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-6 * max(float(y.abs().max()), 1e-12))
     import ragen_turn.models.logprobs as lp_mod
     import ragen_turn.models.value_head as vh_mod
     for mod in (lp_mod, vh_mod):  # the new path is the one that ran
