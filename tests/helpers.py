@@ -14,6 +14,24 @@ MICRO_MODEL = ["model.hidden_size=32", "model.num_hidden_layers=1", "model.num_a
                "model.copy_pretrain_steps=0"]
 
 
+# a 1-step run of the micro model through train.sh / eval.sh (RAGEN's named configs and the like)
+ONE_STEP_RUN = MICRO_MODEL + [
+    "trainer.total_training_steps=1", "es_manager.train.env_groups=2", "es_manager.train.group_size=2",
+    "ppo_mini_batch_size=4", "es_manager.val.env_groups=2", "agent_proxy.max_turn=2", "trainer.collapse_freq=0",
+    "actor_rollout_ref.rollout.response_length=8", "device=cpu"]
+
+
+def sh(script, *args, cwd=None, timeout=900):
+    """``bash <repo>/<script> args...`` with this interpreter as PYTHON; the CompletedProcess (text, captured)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    return subprocess.run(["bash", str(root / script), *map(str, args)], cwd=cwd or root,
+                          env={**os.environ, "PYTHON": sys.executable}, capture_output=True, text=True, timeout=timeout)
+
+
 # RAGEN_TURN_TEST_DEVICE=cuda runs the engine tests on a GPU (CI has none: cpu)
 TEST_DEVICE = os.environ.get("RAGEN_TURN_TEST_DEVICE", "cpu")
 

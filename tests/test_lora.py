@@ -135,25 +135,12 @@ def test_lora_update_guards_put_the_adapter_back(guard, flag, tmp_path):
 def test_train_sh_base_lora_trains(tmp_path):
     """RAGEN's ``--config-name base-lora`` (its base + LoRA rank 64, alpha 64, all-linear) trains: its checkpoint
     holds the adapter beside the merged model."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
     from omegaconf import OmegaConf
 
-    root = Path(__file__).resolve().parent.parent
+    from helpers import ONE_STEP_RUN, sh
+
     run = tmp_path / "run"
-    res = subprocess.run(["bash", "train.sh", "--config-name", "base-lora", "model.warmstart.enable=false",
-                          "model.hidden_size=32", "model.num_hidden_layers=1", "model.num_attention_heads=2",
-                          "model.num_key_value_heads=1", "model.intermediate_size=64", "model.copy_pretrain_steps=0",
-                          "trainer.total_training_steps=1", "es_manager.train.env_groups=2",
-                          "es_manager.train.group_size=2", "ppo_mini_batch_size=4",
-                          "es_manager.val.env_groups=2", "agent_proxy.max_turn=2", "trainer.collapse_freq=0",
-                          "actor_rollout_ref.rollout.response_length=8", "device=cpu",
-                          f"trainer.default_local_dir={run}"],
-                         cwd=root, env={**os.environ, "PYTHON": sys.executable}, capture_output=True, text=True,
-                         timeout=600)
+    res = sh("train.sh", "--config-name", "base-lora", *ONE_STEP_RUN, f"trainer.default_local_dir={run}", timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "algo=token_ppo" in res.stdout
     cfg = OmegaConf.load(run / "config.yaml")

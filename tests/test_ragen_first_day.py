@@ -10,24 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from helpers import micro_config
+from helpers import ONE_STEP_RUN as TINY, micro_config, sh
 
 ROOT = Path(__file__).resolve().parent.parent
-ENV = {**os.environ, "PYTHON": sys.executable}
-# a tiny model and a 1-step run; the warm start (copy pretraining and SFT before RL) is skipped
-TINY = ["model.warmstart.enable=false", "model.copy_pretrain_steps=0", "model.hidden_size=32",
-        "model.num_hidden_layers=1", "model.num_attention_heads=2", "model.num_key_value_heads=1",
-        "model.intermediate_size=64",
-        "trainer.total_training_steps=1", "es_manager.train.env_groups=2", "es_manager.train.group_size=2",
-        "ppo_mini_batch_size=4", "es_manager.val.env_groups=2", "agent_proxy.max_turn=2", "trainer.collapse_freq=0",
-        "actor_rollout_ref.rollout.response_length=8", "device=cpu"]
-
-
-def sh(script, *args, cwd=ROOT):
-    return subprocess.run(["bash", str(ROOT / script), *map(str, args)], cwd=cwd, env=ENV, capture_output=True,
-                          text=True, timeout=900)
-
-
 @pytest.fixture(scope="module")
 def named_runs(tmp_path_factory):
     """(name -> run dir) for a 1-step _1_bandit and _2_sokoban run."""
@@ -361,7 +346,7 @@ def test_a_ragen_style_env_file_trains_unedited(tmp_path):
     """tests/ragen_doc_env/env.py imports ``ragen.env.base`` and ``ragen.utils`` as RAGEN's env files do; without
     RAGEN installed, env_module= provides them (ours) and 2 steps train."""
     run = tmp_path / "run"
-    env = {**ENV, "PYTHONPATH": str(ROOT / "tests")}
+    env = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(ROOT / "tests")}
     res = subprocess.run(["bash", str(ROOT / "train.sh"), "echo_word", "grpo", "env_module=ragen_doc_env",
                           *[o for o in TINY if not o.startswith("trainer.total_training_steps")],
                           "trainer.total_training_steps=2", f"trainer.default_local_dir={run}"],

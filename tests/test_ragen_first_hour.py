@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from helpers import micro_config
+from helpers import ONE_STEP_RUN, micro_config, sh
 
 ROOT = Path(__file__).resolve().parent.parent
 H, A, U, R = "honoured", "aliased", "unused", "refused"
@@ -396,16 +396,7 @@ def test_named_configs_compose_for_each_ragen_env():
                                       ("_3_frozen_lake", "FrozenLake"), ("_4_countdown", "Countdown")])
 def test_train_sh_config_name_trains(tmp_path, name, tag):
     run = tmp_path / "run"
-    res = subprocess.run(["bash", "train.sh", "--config-name", name, "model.warmstart.enable=false",
-                          "model.copy_pretrain_steps=0", "model.hidden_size=32", "model.num_hidden_layers=1",
-                          "model.num_attention_heads=2",
-                          "model.num_key_value_heads=1", "model.intermediate_size=64", "trainer.total_training_steps=1",
-                          "es_manager.train.env_groups=2", "es_manager.train.group_size=2", "ppo_mini_batch_size=4",
-                          "es_manager.val.env_groups=2", "agent_proxy.max_turn=2", "trainer.collapse_freq=0",
-                          "actor_rollout_ref.rollout.response_length=8", "device=cpu",
-                          f"trainer.default_local_dir={run}"],
-                         cwd=ROOT, env={**os.environ, "PYTHON": sys.executable}, capture_output=True, text=True,
-                         timeout=600)
+    res = sh("train.sh", "--config-name", name, *ONE_STEP_RUN, f"trainer.default_local_dir={run}", timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "algo=token_ppo" in res.stdout and f"env {tag}" in res.stdout
     cfg = OmegaConf.load(run / "config.yaml")
