@@ -600,3 +600,25 @@ def test_a_config_groups_keys_are_the_experiment_though_its_choice_is_run_contro
         (d / "config.yaml").write_text(yaml.safe_dump(cfg))
     text = report.build_report([str(root)], tmp_path / "out", plots=False, reps=50)
     assert "2 runs in 2 groups" in text and "model.hidden_size" in text
+
+
+def test_paired_by_seed_differences_are_hand_computed(tmp_path):
+    """--paired: each group's final held-out success minus the reference group's on the seeds both have, with the
+    mean and its Student's t interval (t(0.975, 2) = 4.302653 for three pairs); a seed only one group ran is left out."""
+    root = tmp_path / "runs"
+    finals = {"turn_ppo": {10: 0.25, 11: 0.5, 12: 0.5, 13: 0.75}, "token_ppo": {10: 0.125, 11: 0.5, 12: 0.25}}
+    for algo, by_seed in finals.items():
+        for seed, v in by_seed.items():
+            write_run(root, f"{algo}_s{seed}", algo, seed, [val_row(0, 0.0, 0.0), train_row(1, 0.1),
+                                                             train_row(2, 0.1, success=v, reward=0.0)], total=2)
+    text = report.build_report([str(root)], tmp_path / "out", plots=False, paired="token_ppo")
+    diffs = [0.125, 0.0, 0.25]
+    m, s = statistics.mean(diffs), statistics.stdev(diffs)
+    half = 4.302653 * s / math.sqrt(3)
+    row = next(ln for ln in text.splitlines() if ln.startswith("| `turn_ppo` | 10, 11, 12 |"))
+    assert row == f"| `turn_ppo` | 10, 11, 12 | +0.125 / +0.000 / +0.250 | {m:+.3f} [{m - half:+.3f}, {m + half:+.3f}] |"
+    assert "## Paired by seed against `token_ppo`" in text
+    assert "## Paired by seed" not in report.build_report([str(root)], tmp_path / "out2", plots=False)
+    with pytest.raises(ValueError, match="no such group"):
+        report.build_report([str(root)], tmp_path / "out3", plots=False, paired="ppo")
+    assert report.main([str(root), "--out", str(tmp_path / "out4"), "--no-plots", "--paired", "grpo"]) == 2

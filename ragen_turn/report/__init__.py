@@ -18,6 +18,8 @@ or ``logger``; the seeds are the runs of a group), and writes
   another's (:mod:`ragen_turn.report.intervals`). ``--strata KEY`` splits a group's runs into tasks for the bootstrap.
   A group (from ``--group-by``) whose runs are different experiments, or were set to train different numbers
   of steps, is warned about and gets no interval estimates.
+- with ``--paired GROUP``, a "Paired by seed" section: every other group's final held-out success minus GROUP's,
+  seed by seed (runs of one seed share their training rooms and first batch), with a 95% t interval.
 
 ``--keep-runs`` also copies each run's config, its ``provenance.json`` and the metrics the report reads to
 ``<out>/runs/`` (a few KB a run), so a results page can be rebuilt, and added to, once the run directories are gone;

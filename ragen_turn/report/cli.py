@@ -39,6 +39,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--up-to-step", type=int, default=None,
                     help="read every run up to this step (runs of different lengths compared at one step; "
                          "--keep-runs still keeps every step)")
+    ap.add_argument("--paired", default=None, metavar="GROUP",
+                    help="also each group's final held-out success minus GROUP's (a label of the table), paired by "
+                         "seed, with a 95%% t interval")
     ap.add_argument("--reps", type=int, default=10_000, help="bootstrap resamples for the intervals (10000)")
     ap.add_argument("--list-jobs", action="store_true",
                     help="list the jobs a --multirun with these overrides launches (no training), e.g. "
@@ -57,8 +60,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         text = build_report(args.paths, out, keys, args.threshold, max(1, args.smooth), plots=not args.no_plots,
                             intervals=not args.no_intervals, reps=args.reps,
                             strata=[k.strip() for k in args.strata.split(",") if k.strip()], keep=args.keep_runs,
-                            up_to_step=args.up_to_step)
-    except FileNotFoundError as e:
+                            up_to_step=args.up_to_step, paired=args.paired)
+    except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(text)

@@ -1,5 +1,6 @@
 """The Markdown of a results page: the notes that define every column, the table of groups, the table of runs,
-and the interval-estimate and probability-of-improvement tables."""
+the interval-estimate and probability-of-improvement tables, and
+the paired-by-seed differences."""
 from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -246,4 +247,36 @@ def improvement_table(groups: Sequence[Tuple[str, List[Run]]], threshold: float,
             cells.append(_interval_cell(intervals.interval(intervals.probability_of_improvement, samples, reps=reps),
                                         0, 0, 2))
         lines.append("| " + " | ".join([f"`{x}`"] + cells) + " |")
+    return "\n".join(lines)
+
+
+def paired_table(groups: Sequence[Tuple[str, List[Run]]], ref: str, digits: int = 3) -> str:
+    """Each group's final held-out success minus ``ref``'s, paired by seed: runs of one seed share their training
+    rooms and their first batch, so the per-seed difference removes what the seed alone decides. Per group: the
+    seeds both have, each difference, their mean and 95% Student's t interval (``intervals.t_interval``: with 3-5
+    pairs a bootstrap's interval is too narrow). A seed with more than one run in a group, or a NaN final value, is
+    left out."""
+    from ragen_turn.report import intervals
+
+    def by_seed(runs):
+        seeds = [str(cfg_get(r.config, "seed")) for r in runs]
+        return {s: final_eval(r, VAL_SUCCESS) for s, r in zip(seeds, runs) if seeds.count(s) == 1}
+
+    labels = [label for label, _ in groups]
+    if ref not in labels:
+        raise ValueError(f"--paired {ref!r}: no such group; the groups are {', '.join(map(repr, labels))}")
+    base = by_seed(dict(groups)[ref])
+    lines = [f"| group - `{ref}` | seeds | differences by seed | mean [95% t interval] |", "|---|---|---|---|"]
+    for label, runs in groups:
+        if label == ref:
+            continue
+        mine = by_seed(runs)
+        seeds = sorted((s for s in mine if s in base and _finite(mine[s]) and _finite(base[s])),
+                       key=lambda s: (len(s), s))
+        diffs = [mine[s] - base[s] for s in seeds]
+        m, lo, hi = intervals.t_interval(diffs) if diffs else (NAN, NAN, NAN)
+        cell = "-" if not diffs else f"{m:+.{digits}f}" + (f" [{lo:+.{digits}f}, {hi:+.{digits}f}]" if _finite(lo)
+                                                            else " [no CI]")
+        lines.append(f"| `{label}` | {', '.join(seeds) or '-'} | "
+                     + (" / ".join(f"{d:+.{digits}f}" for d in diffs) or "-") + f" | {cell} |")
     return "\n".join(lines)
