@@ -611,7 +611,7 @@ def test_paired_by_seed_differences_are_hand_computed(tmp_path):
         for seed, v in by_seed.items():
             write_run(root, f"{algo}_s{seed}", algo, seed, [val_row(0, 0.0, 0.0), train_row(1, 0.1),
                                                              train_row(2, 0.1, success=v, reward=0.0)], total=2)
-    text = report.build_report([str(root)], tmp_path / "out", plots=False, paired="token_ppo")
+    text = report.build_report([str(root)], tmp_path / "out", plots=False, paired=["token_ppo"])
     diffs = [0.125, 0.0, 0.25]
     m, s = statistics.mean(diffs), statistics.stdev(diffs)
     half = 4.302653 * s / math.sqrt(3)
@@ -620,5 +620,5 @@ def test_paired_by_seed_differences_are_hand_computed(tmp_path):
     assert "## Paired by seed against `token_ppo`" in text
     assert "## Paired by seed" not in report.build_report([str(root)], tmp_path / "out2", plots=False)
     with pytest.raises(ValueError, match="no such group"):
-        report.build_report([str(root)], tmp_path / "out3", plots=False, paired="ppo")
+        report.build_report([str(root)], tmp_path / "out3", plots=False, paired=["ppo"])
     assert report.main([str(root), "--out", str(tmp_path / "out4"), "--no-plots", "--paired", "grpo"]) == 2

@@ -44,10 +44,10 @@ def test_committed_results_page_is_rebuilt_from_its_kept_runs(page, tmp_path, mo
     group_by = [k.strip() for k in header.split("|")[1].split(",")]
     threshold = float(re.search(r"steps to ([0-9.]+)", header).group(1))
     up_to = re.search(r"^\d+ runs? in .*, each read up to step (\d+)[;.]", text, re.M)  # report --up-to-step
-    paired = re.search(r"^## Paired by seed against `(.+)`$", text, re.M)  # report --paired
+    paired = re.findall(r"^## Paired by seed against `(.+)`$", text, re.M)  # report --paired
     rebuilt = report.build_report(_sources(text), tmp_path, group_by=group_by, threshold=threshold, plots=False,
                                   up_to_step=int(up_to.group(1)) if up_to else None,
-                                  paired=paired.group(1) if paired else None)
+                                  paired=paired)
     assert _comparable(rebuilt) == _comparable(text)
 
 

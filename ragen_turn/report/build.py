@@ -78,14 +78,14 @@ def default_out(paths: Sequence[str]) -> Path:
 def build_report(paths: Sequence[str], out: str | Path | None = None, group_by: Sequence[str] | None = None,
                  threshold: float = 0.5, smooth_window: int = 1, plots: bool = True, intervals: bool = True,
                  strata: Sequence[str] = (), reps: int = 10_000, keep: bool = False,
-                 up_to_step: int | None = None, paired: str | None = None) -> str:
+                 up_to_step: int | None = None, paired: Sequence[str] = ()) -> str:
     """Read the runs under ``paths`` (a run found twice by name counts once: :func:`dedupe_runs`), write
     ``results.md`` (and the PNGs) to ``out`` (default :func:`default_out`) and, with ``keep``, the runs' kept
     copies to ``out/runs`` (:func:`keep_runs`); return the Markdown. ``group_by`` None: ``algo.name`` and the
     keys the runs' experiments differ in (:func:`group_keys`); a group given by ``group_by`` that mixes
     experiments is warned about and gets no interval estimates (:func:`mixed_groups`). ``up_to_step``: every run
-    read up to that step (:func:`cut_at`; the kept copies keep every step). ``paired``: a group's label; every other
-    group's final held-out success minus its own, paired by seed (:func:`paired_table`)."""
+    read up to that step (:func:`cut_at`; the kept copies keep every step). ``paired``: groups' labels; for each, every
+    other group's final held-out success minus its own, paired by seed (:func:`paired_table`)."""
     run_dirs = find_runs(paths)
     if not run_dirs:
         raise FileNotFoundError(f"no runs (directories with metrics.jsonl) under {', '.join(map(str, paths))}")
@@ -130,12 +130,12 @@ def build_report(paths: Sequence[str], out: str | Path | None = None, group_by: 
         if mixed:
             lines += ["Not estimated (mixed experiments, see the warnings above): "
                       + ", ".join(f"`{label}`" for label in mixed) + ".", ""]
-    if paired is not None:
-        lines += [f"## Paired by seed against `{paired}`", "",
+    for ref in ([paired] if isinstance(paired, str) else paired):
+        lines += [f"## Paired by seed against `{ref}`", "",
                   "Final held-out success of each group minus this group's, run by run on the seeds both have (runs "
                   "of one seed train on the same rooms and start from the same first batch, so the difference leaves "
                   "out what the seed alone decides); the mean over seeds and its 95% Student's t interval. An "
-                  "interval holding 0 does not show a difference.", "", paired_table(groups, paired), ""]
+                  "interval holding 0 does not show a difference.", "", paired_table(groups, ref), ""]
     lines += ["## Runs", "", runs_table(groups), ""]
     lines += trace_section(runs, out)
     text = "\n".join(lines)

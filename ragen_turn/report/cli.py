@@ -39,9 +39,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--up-to-step", type=int, default=None,
                     help="read every run up to this step (runs of different lengths compared at one step; "
                          "--keep-runs still keeps every step)")
-    ap.add_argument("--paired", default=None, metavar="GROUP",
+    ap.add_argument("--paired", action="append", default=[], metavar="GROUP",
                     help="also each group's final held-out success minus GROUP's (a label of the table), paired by "
-                         "seed, with a 95%% t interval")
+                         "seed, with a 95%% t interval; repeat for several references")
     ap.add_argument("--reps", type=int, default=10_000, help="bootstrap resamples for the intervals (10000)")
     ap.add_argument("--list-jobs", action="store_true",
                     help="list the jobs a --multirun with these overrides launches (no training), e.g. "
