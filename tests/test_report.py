@@ -604,19 +604,25 @@ def test_a_config_groups_keys_are_the_experiment_though_its_choice_is_run_contro
 
 def test_paired_by_seed_differences_are_hand_computed(tmp_path):
     """--paired: each group's final held-out success minus the reference group's on the seeds both have, with the
-    mean and its Student's t interval (t(0.975, 2) = 4.302653 for three pairs); a seed only one group ran is left out."""
+    mean and its Student's t interval (t(0.975, 2) = 4.302653 for three pairs), and the same for the mean train
+    success of the last 5 steps; a seed only one group ran is left out."""
     root = tmp_path / "runs"
     finals = {"turn_ppo": {10: 0.25, 11: 0.5, 12: 0.5, 13: 0.75}, "token_ppo": {10: 0.125, 11: 0.5, 12: 0.25}}
     for algo, by_seed in finals.items():
         for seed, v in by_seed.items():
-            write_run(root, f"{algo}_s{seed}", algo, seed, [val_row(0, 0.0, 0.0), train_row(1, 0.1),
-                                                             train_row(2, 0.1, success=v, reward=0.0)], total=2)
+            train = 0.5 if algo == "token_ppo" else 0.5 + v  # train success minus token_ppo's = the final value
+            write_run(root, f"{algo}_s{seed}", algo, seed, [val_row(0, 0.0, 0.0), train_row(1, train),
+                                                             train_row(2, train, success=v, reward=0.0)], total=2)
     text = report.build_report([str(root)], tmp_path / "out", plots=False, paired=["token_ppo"])
     diffs = [0.125, 0.0, 0.25]
     m, s = statistics.mean(diffs), statistics.stdev(diffs)
     half = 4.302653 * s / math.sqrt(3)
     row = next(ln for ln in text.splitlines() if ln.startswith("| `turn_ppo` | 10, 11, 12 |"))
-    assert row == f"| `turn_ppo` | 10, 11, 12 | +0.125 / +0.000 / +0.250 | {m:+.3f} [{m - half:+.3f}, {m + half:+.3f}] |"
+    final = f"{m:+.3f} [{m - half:+.3f}, {m + half:+.3f}]"
+    train = statistics.mean([0.5 + v for v in (0.25, 0.5, 0.5)]) - 0.5  # turn_ppo's train minus token_ppo's, by seed
+    train_half = 4.302653 * statistics.stdev([0.25, 0.5, 0.5]) / math.sqrt(3)
+    assert row == (f"| `turn_ppo` | 10, 11, 12 | +0.125 / +0.000 / +0.250 | {final} | "
+                   f"{train:+.3f} [{train - train_half:+.3f}, {train + train_half:+.3f}] |")
     assert "## Paired by seed against `token_ppo`" in text
     assert "## Paired by seed" not in report.build_report([str(root)], tmp_path / "out2", plots=False)
     with pytest.raises(ValueError, match="no such group"):

@@ -254,29 +254,41 @@ def paired_table(groups: Sequence[Tuple[str, List[Run]]], ref: str, digits: int 
     """Each group's final held-out success minus ``ref``'s, paired by seed: runs of one seed share their training
     rooms and their first batch, so the per-seed difference removes what the seed alone decides. Per group: the
     seeds both have, each difference, their mean and 95% Student's t interval (``intervals.t_interval``: with 3-5
-    pairs a bootstrap's interval is too narrow). A seed with more than one run in a group, or a NaN final value, is
-    left out."""
+    pairs a bootstrap's interval is too narrow); then the same mean and interval for the train success of the last
+    ``TRAIN_TAIL`` steps (the same training rooms for both runs of a seed, more episodes than one evaluation). A seed
+    with more than one run in a group, or a NaN value, is left out."""
     from ragen_turn.report import intervals
 
-    def by_seed(runs):
+    def by_seed(runs, score):
         seeds = [str(cfg_get(r.config, "seed")) for r in runs]
-        return {s: final_eval(r, VAL_SUCCESS) for s, r in zip(seeds, runs) if seeds.count(s) == 1}
+        return {s: score(r) for s, r in zip(seeds, runs) if seeds.count(s) == 1}
 
+    def diffs(mine, base):
+        seeds = sorted((s for s in mine if s in base and _finite(mine[s]) and _finite(base[s])),
+                       key=lambda s: (len(s), s))
+        return seeds, [mine[s] - base[s] for s in seeds]
+
+    def mean_cell(ds):
+        if not ds:
+            return "-"
+        m, lo, hi = intervals.t_interval(ds)
+        return f"{m:+.{digits}f}" + (f" [{lo:+.{digits}f}, {hi:+.{digits}f}]" if _finite(lo) else " [no CI]")
+
+    final = lambda r: final_eval(r, VAL_SUCCESS)  # noqa: E731
+    train = lambda r: train_mean(r, TRAIN_SUCCESS, TRAIN_TAIL)  # noqa: E731
     labels = [label for label, _ in groups]
     if ref not in labels:
         raise ValueError(f"--paired {ref!r}: no such group; the groups are {', '.join(map(repr, labels))}")
-    base = by_seed(dict(groups)[ref])
-    lines = [f"| group - `{ref}` | seeds | differences by seed | mean [95% t interval] |", "|---|---|---|---|"]
+    runs_of = dict(groups)
+    base_final, base_train = by_seed(runs_of[ref], final), by_seed(runs_of[ref], train)
+    lines = [f"| group - `{ref}` | seeds | final val success, by seed | final val success: mean [95% t interval] | "
+             f"train success (last {TRAIN_TAIL}): mean [95% t interval] |", "|---|---|---|---|---|"]
     for label, runs in groups:
         if label == ref:
             continue
-        mine = by_seed(runs)
-        seeds = sorted((s for s in mine if s in base and _finite(mine[s]) and _finite(base[s])),
-                       key=lambda s: (len(s), s))
-        diffs = [mine[s] - base[s] for s in seeds]
-        m, lo, hi = intervals.t_interval(diffs) if diffs else (NAN, NAN, NAN)
-        cell = "-" if not diffs else f"{m:+.{digits}f}" + (f" [{lo:+.{digits}f}, {hi:+.{digits}f}]" if _finite(lo)
-                                                            else " [no CI]")
+        seeds, d_final = diffs(by_seed(runs, final), base_final)
+        _, d_train = diffs(by_seed(runs, train), base_train)
         lines.append(f"| `{label}` | {', '.join(seeds) or '-'} | "
-                     + (" / ".join(f"{d:+.{digits}f}" for d in diffs) or "-") + f" | {cell} |")
+                     + (" / ".join(f"{d:+.{digits}f}" for d in d_final) or "-")
+                     + f" | {mean_cell(d_final)} | {mean_cell(d_train)} |")
     return "\n".join(lines)
