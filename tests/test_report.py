@@ -627,4 +627,5 @@ def test_paired_by_seed_differences_are_hand_computed(tmp_path):
     assert "## Paired by seed" not in report.build_report([str(root)], tmp_path / "out2", plots=False)
     with pytest.raises(ValueError, match="no such group"):
         report.build_report([str(root)], tmp_path / "out3", plots=False, paired=["ppo"])
+    assert not (tmp_path / "out3" / "results.md").exists()  # a wrong label stops before anything is written
     assert report.main([str(root), "--out", str(tmp_path / "out4"), "--no-plots", "--paired", "grpo"]) == 2

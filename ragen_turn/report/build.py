@@ -12,7 +12,7 @@ from ragen_turn.report.plots import write_interval_plot, write_plots
 from ragen_turn.report.runs import Run, cut_at, dedupe_runs, find_runs, keep_runs, load_run
 from ragen_turn.report.stats import IMPROVEMENT_METRIC, interval_estimates, run_scores
 from ragen_turn.report.tables import (duplicate_seed_warnings, header_notes, improvement_table, interval_table,
-                                      markdown_table, paired_table, runs_table)
+                                      markdown_table, paired_table, runs_table, TRAIN_TAIL)
 
 
 def interval_section(groups: Sequence[Tuple[str, List[Run]]], keys: Sequence[str], threshold: float,
@@ -85,7 +85,8 @@ def build_report(paths: Sequence[str], out: str | Path | None = None, group_by: 
     keys the runs' experiments differ in (:func:`group_keys`); a group given by ``group_by`` that mixes
     experiments is warned about and gets no interval estimates (:func:`mixed_groups`). ``up_to_step``: every run
     read up to that step (:func:`cut_at`; the kept copies keep every step). ``paired``: groups' labels; for each, every
-    other group's final held-out success minus its own, paired by seed (:func:`paired_table`)."""
+    other group's final held-out success (and late train success) minus its own, paired by seed
+    (:func:`paired_table`); an unknown label raises ValueError before anything is written."""
     run_dirs = find_runs(paths)
     if not run_dirs:
         raise FileNotFoundError(f"no runs (directories with metrics.jsonl) under {', '.join(map(str, paths))}")
@@ -99,6 +100,11 @@ def build_report(paths: Sequence[str], out: str | Path | None = None, group_by: 
     keys = group_keys(runs, DEFAULT_GROUP_BY if group_by is None else group_by, experiments=group_by is None)
     groups = group_runs(runs, keys)
     mixed = mixed_groups(groups, run_control_keys())
+    paired = [paired] if isinstance(paired, str) else list(paired)
+    unknown = [ref for ref in paired if ref not in dict(groups)]
+    if unknown:  # before anything is written
+        raise ValueError(f"--paired {unknown[0]!r}: no such group; the groups are "
+                         + ", ".join(repr(label) for label, _ in groups))
 
     plot_note = "Plots: skipped (--no-plots)."
     if plots:
@@ -130,12 +136,13 @@ def build_report(paths: Sequence[str], out: str | Path | None = None, group_by: 
         if mixed:
             lines += ["Not estimated (mixed experiments, see the warnings above): "
                       + ", ".join(f"`{label}`" for label in mixed) + ".", ""]
-    for ref in ([paired] if isinstance(paired, str) else paired):
+    for ref in paired:
         lines += [f"## Paired by seed against `{ref}`", "",
                   "Final held-out success of each group minus this group's, run by run on the seeds both have (runs "
                   "of one seed train on the same rooms and start from the same first batch, so the difference leaves "
-                  "out what the seed alone decides); the mean over seeds and its 95% Student's t interval. An "
-                  "interval holding 0 does not show a difference.", "", paired_table(groups, ref), ""]
+                  "out what the seed alone decides); the mean over seeds and its 95% Student's t interval; then the "
+                  f"same for the train success of the last {TRAIN_TAIL} steps. An interval holding 0 does not show a "
+                  "difference.", "", paired_table(groups, ref), ""]
     lines += ["## Runs", "", runs_table(groups), ""]
     lines += trace_section(runs, out)
     text = "\n".join(lines)
